@@ -1,0 +1,52 @@
+# kit_add_exercise(<name>): the programs of one exercise, all from its annotated source.
+#
+#   <target>-exercise   exercises/<name>/train.cpp  (what the student edits; stage 0)
+#   <target>-solution   solutions/<name>/train.cpp  (the last stage)
+#   <target>-stage-NN   stage NN: the exercise with TODOs 1..NN done, rendered into the build
+#                       folder by common/tools/stages.py and rebuilt when the source changes.
+# <target> comes from exercises/<name>/info.toml (e.g. "ex01").
+set(KIT_STAGES_PY ${CMAKE_SOURCE_DIR}/common/tools/stages.py)
+
+function(kit_trainer target source)
+  add_executable(${target} ${source})
+  kit_use_common(${target})
+endfunction()
+
+function(kit_add_exercise name)
+  set(info ${CMAKE_SOURCE_DIR}/exercises/${name}/info.toml)
+  file(STRINGS ${info} target_line REGEX "^target *= *\"")
+  string(REGEX REPLACE "^target *= *\"([^\"]+)\".*" "\\1" short "${target_line}")
+  execute_process(COMMAND ${Python3_EXECUTABLE} ${KIT_STAGES_PY} count ${name} train.cpp
+                  OUTPUT_VARIABLE last OUTPUT_STRIP_TRAILING_WHITESPACE
+                  RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "exercise ${name}: ${err}")
+  endif()
+  set(source ${CMAKE_SOURCE_DIR}/solutions/${name}/train.annotated.cpp)
+  # Re-run CMake when the annotated source changes: the number of stages may change with it.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${source} ${info})
+
+  kit_trainer(${short}-exercise ${CMAKE_SOURCE_DIR}/exercises/${name}/train.cpp)
+  kit_trainer(${short}-solution ${CMAKE_SOURCE_DIR}/solutions/${name}/train.cpp)
+
+  set(stage_targets)
+  if(KIT_BUILD_STAGES)
+    foreach(k RANGE 1 ${last})
+      string(LENGTH "${k}" len)
+      set(kk ${k})
+      if(len EQUAL 1)
+        set(kk 0${k})
+      endif()
+      set(dir ${CMAKE_BINARY_DIR}/stages/${name}/stage-${kk})
+      add_custom_command(
+        OUTPUT ${dir}/train.cpp
+        COMMAND ${Python3_EXECUTABLE} ${KIT_STAGES_PY} stage ${name} ${k} ${dir}
+        DEPENDS ${source} ${info} ${KIT_STAGES_PY}
+        COMMENT "Rendering ${name} stage ${kk}")
+      kit_trainer(${short}-stage-${kk} ${dir}/train.cpp)
+      list(APPEND stage_targets ${short}-stage-${kk})
+    endforeach()
+  endif()
+  set_property(GLOBAL APPEND PROPERTY KIT_EXERCISES ${name})
+  set_property(GLOBAL PROPERTY KIT_${short}_LAST_STAGE ${last})
+endfunction()

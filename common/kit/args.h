@@ -1,0 +1,28 @@
+// kit/args.h — TrainArgs and parse_args(): the trainers' command-line flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kit {
+
+struct TrainArgs {
+  std::string data_dir;        // folder with wiki.{train,valid,test}.tokens
+  std::string out_dir = ".";   // where model-best.pt, model-final.pt and metrics.csv go
+  int64_t epochs = 3;
+  int64_t batch_size = 16;     // per rank: the global batch is batch_size x world size
+  int64_t eval_batch_size = 32;
+  int64_t seq_len = 64;
+  double lr = 1e-3;
+  int64_t d_model = 128, heads = 4, layers = 2, feedforward = 256;
+  double dropout = 0.1;
+  uint64_t seed = 42;
+  int64_t max_steps = 0;       // > 0: stop each epoch after this many steps (quick checks)
+};
+
+// Flags are --name value or --name=value; --help prints them all. A bad flag ends the program
+// with one line on stderr and exit code 2. The data folder defaults to $KIT_DATA_DIR, then to the
+// corpus the build generated.
+TrainArgs parse_args(int argc, char** argv);
+
+}  // namespace kit

@@ -1,0 +1,49 @@
+// kit/data_loader.cpp — DistributedSampler (see data_loader.h).
+#include "kit/data_loader.h"
+
+#include <random>
+
+#include <torch/torch.h>
+
+#include "kit/distributed.h"
+
+namespace kit {
+
+DistributedSampler::DistributedSampler(size_t dataset_size, bool shuffle, uint64_t seed,
+                                       int num_replicas, int rank)
+    : dataset_size_(dataset_size), shuffle_(shuffle), seed_(seed),
+      replicas_(num_replicas > 0 ? num_replicas : get_world_size()),
+      rank_(rank >= 0 ? rank : get_rank()) {
+  TORCH_CHECK(dataset_size_ > 0, "DistributedSampler: the dataset is empty");
+  TORCH_CHECK(rank_ < replicas_, "DistributedSampler: rank ", rank_, " >= num_replicas ", replicas_);
+}
+
+std::vector<size_t> DistributedSampler::indices() const {
+  std::vector<size_t> all(dataset_size_);
+  std::iota(all.begin(), all.end(), size_t{0});
+  if (shuffle_) {
+    // Fisher-Yates with a standard-defined engine: the same order on every rank, compiler and
+    // machine, because every rank must cut the same list.
+    std::mt19937_64 engine(seed_ + static_cast<uint64_t>(epoch_));
+    for (size_t i = all.size(); i > 1; --i) {
+      size_t j = static_cast<size_t>(engine() % i);
+      std::swap(all[i - 1], all[j]);
+    }
+  }
+  size_t total = size() * static_cast<size_t>(replicas_);
+  for (size_t k = 0; all.size() < total; ++k) all.push_back(all[k]);
+  std::vector<size_t> mine;
+  for (size_t k = static_cast<size_t>(rank_); k < total; k += static_cast<size_t>(replicas_))
+    mine.push_back(all[k]);
+  return mine;
+}
+
+std::vector<size_t> random_order(size_t n) {
+  auto perm = torch::randperm(static_cast<int64_t>(n), torch::kLong);
+  std::vector<size_t> order(n);
+  auto* p = perm.data_ptr<int64_t>();
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
+  return order;
+}
+
+}  // namespace kit

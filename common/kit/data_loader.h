@@ -1,0 +1,127 @@
+// kit/data_loader.h — DistributedSampler and DataLoader: which samples a rank reads, in batches.
+//
+// A DataLoader on its own reads the whole dataset (shuffled or in order), as on one GPU. Given a
+// DistributedSampler it reads only this rank's share: every rank gets a different, equally long
+// slice, and together the ranks cover the dataset once per epoch.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "kit/trace.h"
+
+namespace kit {
+
+class DistributedSampler {
+ public:
+  // shuffle: a new order every epoch (see set_epoch). seed: must be the same on every rank,
+  // because all ranks shuffle the same list and then each takes its own slice of it.
+  // num_replicas / rank default to the process group of kit::setup().
+  DistributedSampler(size_t dataset_size, bool shuffle = true, uint64_t seed = 0,
+                     int num_replicas = -1, int rank = -1);
+  template <typename Dataset>
+  explicit DistributedSampler(const Dataset& dataset, bool shuffle = true, uint64_t seed = 0)
+      : DistributedSampler(dataset.size(), shuffle, seed) {}
+
+  // The shuffle depends on seed + epoch: without this call, every epoch repeats the same order.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+
+  // This rank's sample indices for the current epoch. The list is padded (by repeating its
+  // start) to a multiple of the number of ranks, so every rank does the same number of steps;
+  // rank r takes every num_replicas-th index starting at r.
+  std::vector<size_t> indices() const;
+  size_t size() const { return (dataset_size_ + replicas_ - 1) / replicas_; }
+  int num_replicas() const { return replicas_; }
+  int rank() const { return rank_; }
+
+ private:
+  size_t dataset_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  int replicas_, rank_;
+  int64_t epoch_ = 0;
+};
+
+// One batch: inputs and targets stacked along a new first dimension.
+struct Batch {
+  torch::Tensor input, target;
+};
+
+// A random permutation of 0..n-1 from torch's generator (seeded by setup() or manual_seed).
+std::vector<size_t> random_order(size_t n);
+
+// Dataset: anything with size() and get(i) -> {input, target} (and, for the trace, name()).
+template <typename Dataset>
+class DataLoader {
+ public:
+  // The whole dataset, in order or shuffled (a fresh order on every pass).
+  DataLoader(const Dataset& dataset, size_t batch_size, bool shuffle = false)
+      : data_(&dataset), batch_size_(batch_size), shuffle_(shuffle) {}
+  // Only the sampler's indices: this rank's share.
+  DataLoader(const Dataset& dataset, size_t batch_size, const DistributedSampler& sampler)
+      : data_(&dataset), batch_size_(batch_size), sampler_(&sampler) {}
+
+  size_t size() const {  // batches per epoch
+    size_t n = sampler_ ? sampler_->size() : data_->size();
+    return (n + batch_size_ - 1) / batch_size_;
+  }
+
+  class iterator {
+   public:
+    iterator(const DataLoader* loader, std::vector<size_t> order, size_t at)
+        : loader_(loader), order_(std::move(order)), at_(at) {}
+    Batch operator*() const { return loader_->collate(order_, at_); }
+    iterator& operator++() {
+      at_ += loader_->batch_size_;
+      return *this;
+    }
+    bool operator!=(const iterator& other) const { return at_ < other.at_; }
+   private:
+    const DataLoader* loader_;
+    std::vector<size_t> order_;
+    size_t at_;
+  };
+
+  iterator begin() const {
+    std::vector<size_t> order;
+    if (sampler_) {
+      order = sampler_->indices();
+    } else if (shuffle_) {
+      order = random_order(data_->size());
+    } else {
+      order.resize(data_->size());
+      std::iota(order.begin(), order.end(), size_t{0});
+    }
+    return iterator(this, std::move(order), 0);
+  }
+  iterator end() const {
+    size_t n = sampler_ ? sampler_->size() : data_->size();
+    return iterator(this, {}, n);
+  }
+
+ private:
+  Batch collate(const std::vector<size_t>& order, size_t at) const {
+    size_t stop = std::min(order.size(), at + batch_size_);
+    std::vector<torch::Tensor> inputs, targets;
+    std::string used;
+    for (size_t k = at; k < stop; ++k) {
+      auto [x, y] = data_->get(order[k]);
+      inputs.push_back(x);
+      targets.push_back(y);
+      if (trace::enabled()) used += (used.empty() ? "" : ",") + std::to_string(order[k]);
+    }
+    if (trace::enabled()) trace::record("batch", data_->name() + " " + used);
+    return {torch::stack(inputs), torch::stack(targets)};
+  }
+
+  const Dataset* data_;
+  size_t batch_size_;
+  bool shuffle_ = false;
+  const DistributedSampler* sampler_ = nullptr;
+};
+
+}  // namespace kit

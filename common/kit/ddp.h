@@ -1,0 +1,66 @@
+// kit/ddp.h — DistributedDataParallel: keeps the model replicas of all ranks identical.
+//
+//   kit::DistributedDataParallel ddp(model);   // after model->to(device), before the optimizer
+//
+// What it does, and why:
+//  * At construction, rank 0's parameters and buffers are broadcast to every rank, so all
+//    replicas start from the same weights (each rank initialised its own randomly).
+//  * During every backward, each rank's gradients are averaged over all ranks. After backward
+//    every replica holds the same gradient, the optimizer makes the same update everywhere, and
+//    the replicas stay identical without ever sending weights again.
+//  * Averaging is bucketed and overlapped with backward: a hook on each parameter copies its
+//    gradient into a bucket as soon as autograd has produced it; a full bucket starts its
+//    all-reduce in the background while backward carries on with earlier layers. At the end of
+//    backward we wait for the buckets still in flight and copy the averages back into .grad.
+//    Options{.overlap = false} keeps the simple version: one all-reduce per bucket after
+//    backward, for teaching and for comparison.
+//
+// Python's DDP wraps the module and you call the wrapper. This one only needs to see gradients,
+// so it attaches to the model you already have: keep calling model->forward(). The hooks live as
+// long as this object.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "kit/process_group.h"
+
+namespace kit {
+
+struct DDPStats {
+  int64_t steps = 0;               // backward passes reduced
+  int64_t buckets = 0;             // buckets per step
+  double wait_seconds = 0;         // total time spent, after backward, waiting for all-reduces
+  double last_wait_seconds = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  struct Options {
+    bool overlap = true;                   // all-reduce during backward (false: after it)
+    size_t bucket_cap_bytes = 25u << 20;   // 25 MiB, as PyTorch
+    size_t first_bucket_bytes = 1u << 20;  // small, so the first all-reduce starts early
+    ProcessGroup* group = nullptr;         // default: the group of kit::setup()
+  };
+
+  template <typename M>
+  explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options) {}
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Options options);
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  const DDPStats& stats() const;
+  // Parameter indices per bucket, in launch order (see kit/buckets.h).
+  const std::vector<std::vector<size_t>>& buckets() const;
+
+  struct Reducer;  // the hook machinery, in ddp.cpp
+ private:
+  std::shared_ptr<Reducer> reducer_;
+};
+
+}  // namespace kit

@@ -1,0 +1,272 @@
+// kit/distributed.cpp — setup, rendezvous and the rank-0 helpers (see distributed.h).
+#include "kit/distributed.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <thread>
+
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include "kit/compat.h"
+#include "kit/env.h"
+#include "kit/trace.h"
+
+namespace kit {
+namespace {
+
+std::shared_ptr<ProcessGroup> g_group;  // the default group; empty before setup()/after destroy
+int g_rank = 0;
+
+std::chrono::milliseconds collective_timeout() {
+  const char* t = std::getenv("KIT_TIMEOUT");
+  int seconds = t && *t ? std::atoi(t) : 60;
+  return std::chrono::seconds(seconds > 0 ? seconds : 60);
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Everybody meets at rank 0's TCPStore. Rank 0 publishes its WORLD_SIZE, every rank compares it
+// with its own, announces itself under its rank number, and waits until all N have arrived.
+// Any rank that sees a problem writes it under "kit/abort", so the others stop at once with the
+// same message instead of waiting for the timeout.
+c10::intrusive_ptr<c10d::Store> rendezvous(const RankEnv& env, std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    std::string why = first_line(e.what());
+    if (env.rank == 0 && why.find("in use") != std::string::npos)
+      throw SetupError("MASTER_PORT " + std::to_string(env.master_port) + " on " + env.master_addr +
+                       " is already in use (another job or a leftover run?): choose another port");
+    if (env.rank == 0)
+      throw SetupError("rank 0 cannot listen on " + where + ": " + why);
+    throw SetupError("rank " + std::to_string(env.rank) + " cannot reach rank 0 at " + where +
+                     " within " + std::to_string(timeout.count() / 1000) +
+                     " s (is rank 0 running, is MASTER_ADDR right?): " + why);
+  }
+
+  auto fail = [&](const std::string& msg) {
+    store->set("kit/abort", bytes(msg));
+    throw SetupError(msg);
+  };
+  auto check_abort = [&] {
+    if (store->check({"kit/abort"})) throw SetupError(text(store->get("kit/abort")));
+  };
+
+  if (env.rank == 0) store->set("kit/world_size", bytes(std::to_string(env.world_size)));
+  int theirs = std::stoi(text(store->get("kit/world_size")));
+  if (theirs != env.world_size)
+    fail("WORLD_SIZE differs between ranks: rank " + std::to_string(env.rank) + " has " +
+         std::to_string(env.world_size) + ", rank 0 has " + std::to_string(theirs));
+  if (store->add("kit/rank/" + std::to_string(env.rank), 1) != 1)
+    fail("two processes claim RANK " + std::to_string(env.rank) + ": check the launcher");
+  store->add("kit/joined", 1);
+
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    check_abort();
+    int64_t joined = store->add("kit/joined", 0);
+    if (joined >= env.world_size) break;
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      std::string missing;
+      for (int r = 0, listed = 0; r < env.world_size && listed < 8; ++r)
+        if (!store->check({"kit/rank/" + std::to_string(r)})) {
+          missing += (listed++ ? ", " : "") + std::to_string(r);
+        }
+      throw SetupError("rendezvous at " + where + " timed out after " +
+                       std::to_string(timeout.count() / 1000) + " s: " + std::to_string(joined) +
+                       " of " + std::to_string(env.world_size) + " ranks joined (missing: " +
+                       missing + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return store;
+}
+
+// This rank's share of the CPU cores: what Slurm gave the task, or the cores we may run on
+// divided by the ranks on this node. Without it every rank starts one thread per core and they
+// all fight over the same cores.
+int intra_op_threads(const RankEnv& env) {
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && std::atoi(omp) > 0)
+    return std::atoi(omp);
+  if (const char* cpt = std::getenv("SLURM_CPUS_PER_TASK"); cpt && std::atoi(cpt) > 0)
+    return std::atoi(cpt);
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                           : static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, env.local_world_size));
+}
+
+[[noreturn]] void die_with_one_line() {
+  // Every uncaught exception ends the process with a single line naming the rank, instead of
+  // a multi-line "terminate called after throwing..." and a core dump.
+  std::string what = "unknown error";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = first_line(ex.what());
+    } catch (...) {
+    }
+  }
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+  std::fflush(stdout);
+  std::fprintf(stderr, "%serror: %s\n", rank ? (std::string("rank ") + rank + ": ").c_str() : "",
+               what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// Installed when kit_common is loaded, so it also covers errors before setup() (bad flags,
+// missing data).
+[[maybe_unused]] const bool g_terminate_installed = [] {
+  std::set_terminate(die_with_one_line);
+  return true;
+}();
+
+void record_exit() {
+  trace::record("exit", std::string("group_alive=") + (g_group ? "1" : "0"));
+}
+
+}  // namespace
+
+Setup setup(uint64_t seed) {
+  if (g_group) throw SetupError("setup() was called twice");
+  RankEnv env = read_rank_env();
+  auto timeout = collective_timeout();
+
+  bool cuda = torch::cuda::is_available();
+  if (cuda) {
+    int gpus = static_cast<int>(torch::cuda::device_count());
+    if (env.local_world_size > gpus || env.local_rank >= gpus)
+      throw SetupError(std::to_string(std::max(env.local_world_size, env.local_rank + 1)) +
+                       " ranks on this node but only " + std::to_string(gpus) +
+                       " GPU(s) visible: start at most one rank per GPU");
+  }
+  std::string backend = cuda ? "nccl" : "gloo";
+#if !defined(KIT_HAVE_NCCL)
+  backend = "gloo";
+#endif
+  if (const char* b = std::getenv("KIT_BACKEND"); b && *b) backend = b;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  if (env.world_size == 1 && env.master_port == 0)
+    store = c10::make_intrusive<c10d::HashStore>();  // alone: nobody to meet
+  else
+    store = rendezvous(env, timeout);
+  try {
+    g_group = make_process_group(c10::make_intrusive<c10d::PrefixStore>("pg", store), env.rank,
+                                 env.world_size, backend, timeout);
+  } catch (const std::exception& e) {
+    throw SetupError("cannot create the " + backend + " process group: " + first_line(e.what()));
+  }
+  g_rank = env.rank;
+
+  torch::Device device(torch::kCPU);
+  if (cuda) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+#if defined(KIT_HAVE_NCCL)
+    compat::set_cuda_device(env.local_rank);
+#endif
+  }
+  // Different seeds per rank: dropout masks and any other randomness differ between ranks, as
+  // they would between different batches on one GPU. (The initial weights come from rank 0 via
+  // DistributedDataParallel, and the samplers share one seed on purpose.)
+  torch::manual_seed(seed + static_cast<uint64_t>(env.rank));
+  int threads = intra_op_threads(env);
+  torch::set_num_threads(threads);
+
+  if (trace::enabled()) {
+    trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
+                               std::to_string(env.local_rank) + " world_size=" +
+                               std::to_string(env.world_size) + " device=" + device.str() +
+                               " backend=" + backend + " threads=" + std::to_string(threads));
+    std::atexit(record_exit);
+  }
+  return Setup{env.local_rank, env.rank, device, env.world_size};
+}
+
+bool is_initialized() { return static_cast<bool>(g_group); }
+int get_rank() { return g_group ? g_group->rank() : 0; }
+int get_world_size() { return g_group ? g_group->size() : 1; }
+
+ProcessGroup& default_group() {
+  if (!g_group) throw SetupError("no process group: call kit::setup() first");
+  return *g_group;
+}
+
+void all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  std::string before = trace::enabled() && tensor.numel() == 1
+                           ? std::to_string(tensor.item<double>()) : "";
+  default_group().all_reduce(tensor, op);
+  if (!before.empty())
+    trace::record("all_reduce", "op=" + std::to_string(static_cast<int>(op)) + " in=" + before +
+                                    " out=" + std::to_string(tensor.item<double>()));
+}
+
+void barrier() { default_group().barrier(); }
+
+void print0(const char* format, ...) {
+  char buffer[4096];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  if (trace::enabled()) {
+    std::string line = buffer;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    trace::record("print0", line);
+  }
+  if (get_rank() != 0) return;
+  std::fputs(buffer, stdout);
+  std::fflush(stdout);  // a job's output file should show progress as it happens
+}
+
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path) {
+  if (get_rank() == 0) {
+    std::string tmp = path + ".tmp." + std::to_string(getpid());
+    torch::serialize::OutputArchive archive;
+    module->save(archive);
+    archive.save_to(tmp);
+    // fsync before rename: otherwise a node crash can leave the new name pointing at an empty file.
+    int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("save0: cannot write " + path + ": " + std::strerror(errno));
+    }
+    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+    if (int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  trace::record("save0", path + (get_rank() == 0 ? " wrote" : " skipped"));
+  // Nobody reads the file before it is complete (e.g. to evaluate the best model).
+  if (is_initialized() && get_world_size() > 1) barrier();
+}
+
+void destroy_process_group() {
+  trace::record("destroy", "");
+  g_group.reset();
+}
+
+}  // namespace kit

@@ -1,0 +1,58 @@
+// kit/distributed.h — setup(), all_reduce(), print0(), save0(), destroy_process_group(): the
+// torch.distributed calls a trainer needs, which LibTorch's C++ frontend does not have.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "kit/process_group.h"
+
+namespace kit {
+
+// What a rank needs to know about itself. Unpack it in one line:
+//   auto [local_rank, rank, device, world_size] = kit::setup(seed);
+struct Setup {
+  int local_rank;       // index among the ranks on this node -> which GPU this rank drives
+  int rank;             // index among all ranks of the job, 0..world_size-1
+  torch::Device device; // cuda:local_rank on a GPU node, cpu otherwise
+  int world_size;       // number of ranks in the job
+};
+
+// Joins the job. Reads the rank environment (kit/env.h), meets the other ranks at
+// MASTER_ADDR:MASTER_PORT (rank 0 listens; everybody checks in, with a "k of N joined" timeout),
+// creates the process group (NCCL when CUDA is available, Gloo otherwise), selects the GPU,
+// seeds torch's RNG with seed + rank, and sets the intra-op thread count to this rank's share of
+// the cores. Without a launcher it sets up a world of one, so the same trainer runs anywhere.
+// Any problem is a kit::SetupError with a one-line message.
+// Collectives time out after KIT_TIMEOUT seconds (default 60).
+Setup setup(uint64_t seed = 0);
+
+bool is_initialized();
+int get_rank();        // 0 when not initialized
+int get_world_size();  // 1 when not initialized
+ProcessGroup& default_group();  // the group setup() created
+
+// In-place collective over the default group, e.g. the average loss of all ranks:
+//   kit::all_reduce(loss, kit::ReduceOp::AVG);
+void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
+void barrier();
+
+// printf() on rank 0 only, so the job's output has each line once instead of world_size times.
+void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// Saves the module's parameters and buffers like torch::save, on rank 0 only; the other ranks
+// wait until the file is complete. The file is written to a temporary name, flushed and renamed,
+// so a crash mid-save never leaves a half-written checkpoint under the real name.
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path);
+template <typename M>
+void save0(const torch::nn::ModuleHolder<M>& module, const std::string& path) {
+  save0(std::static_pointer_cast<torch::nn::Module>(module.ptr()), path);
+}
+
+// Leaves the job: releases the process group and its connections. Call once, at the end.
+void destroy_process_group();
+
+}  // namespace kit

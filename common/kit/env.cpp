@@ -1,0 +1,120 @@
+// kit/env.cpp — reading the rank environment (see env.h).
+#include "kit/env.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+namespace kit {
+namespace {
+
+// A strict integer parse: "3" -> 3; "", "3x", "-1" -> error naming the variable.
+int parse_int(const char* name, const char* text, int lo, int hi) {
+  std::string s = text ? text : "";
+  bool digits = !s.empty();
+  for (char c : s) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+  long v = digits && s.size() < 10 ? std::strtol(s.c_str(), nullptr, 10) : -1;
+  if (!digits || v < lo || v > hi)
+    throw SetupError(std::string(name) + "='" + s + "' is not a whole number in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return static_cast<int>(v);
+}
+
+bool has(const EnvLookup& env, const char* name) {
+  const char* v = env(name);
+  return v != nullptr && *v != '\0';
+}
+
+}  // namespace
+
+std::string first_host(const std::string& nodelist) {
+  // The first entry ends at the first comma that is not inside brackets.
+  std::string first;
+  int depth = 0;
+  for (char c : nodelist) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) break;
+    first += c;
+  }
+  auto open = first.find('[');
+  if (open == std::string::npos) return first;
+  // "jwb[0012-0015,0020]": prefix + the first number of the range, zero padding kept.
+  std::string range = first.substr(open + 1);
+  auto end = range.find_first_of(",-]");
+  return first.substr(0, open) + range.substr(0, end);
+}
+
+int port_for_job(long job_id) { return 20000 + static_cast<int>(job_id % 10000); }
+
+RankEnv read_rank_env(const EnvLookup& env) {
+  RankEnv r;
+  const char* torchrun_vars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  int present = 0;
+  std::string missing;
+  for (const char* v : torchrun_vars) {
+    if (has(env, v)) ++present;
+    else missing += std::string(missing.empty() ? "" : ", ") + v;
+  }
+
+  if (present > 0 && present < 5) {
+    // A half-set environment is the classic "forgot to export one variable" mistake: refuse it
+    // instead of guessing, because a guess (world size 1) silently trains alone.
+    throw SetupError("partial rank environment: " + missing +
+                     (present == 4 && missing.find(',') == std::string::npos ? " is" : " are") +
+                     " not set. Launch with ddprun or srun, or set RANK, LOCAL_RANK, WORLD_SIZE, "
+                     "MASTER_ADDR and MASTER_PORT together");
+  }
+  if (present == 5) {
+    r.launcher = "env";
+    r.world_size = parse_int("WORLD_SIZE", env("WORLD_SIZE"), 1, 1 << 20);
+    r.rank = parse_int("RANK", env("RANK"), 0, r.world_size - 1);
+    r.local_rank = parse_int("LOCAL_RANK", env("LOCAL_RANK"), 0, r.world_size - 1);
+    r.local_world_size = has(env, "LOCAL_WORLD_SIZE")
+        ? parse_int("LOCAL_WORLD_SIZE", env("LOCAL_WORLD_SIZE"), 1, r.world_size)
+        : (has(env, "SLURM_NTASKS_PER_NODE") ? 0 : r.world_size);
+    r.master_addr = env("MASTER_ADDR");
+    r.master_port = parse_int("MASTER_PORT", env("MASTER_PORT"), 1, 65535);
+  } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {
+    // A plain `srun ./trainer`: one task per GPU, Slurm numbers the tasks for us.
+    r.launcher = "slurm";
+    r.world_size = parse_int("SLURM_NTASKS", env("SLURM_NTASKS"), 1, 1 << 20);
+    r.rank = parse_int("SLURM_PROCID", env("SLURM_PROCID"), 0, r.world_size - 1);
+    if (!has(env, "SLURM_LOCALID"))
+      throw SetupError("SLURM_PROCID is set but SLURM_LOCALID is not: launch the trainer with srun");
+    r.local_rank = parse_int("SLURM_LOCALID", env("SLURM_LOCALID"), 0, r.world_size - 1);
+    r.local_world_size = 0;
+    if (has(env, "MASTER_ADDR")) {
+      r.master_addr = env("MASTER_ADDR");
+    } else if (has(env, "SLURM_JOB_NODELIST") || has(env, "SLURM_NODELIST")) {
+      r.master_addr = first_host(env(has(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST"
+                                                                    : "SLURM_NODELIST"));
+    } else if (r.world_size > 1) {
+      throw SetupError("srun launch without SLURM_JOB_NODELIST or MASTER_ADDR: cannot tell "
+                       "where rank 0 listens");
+    }
+    if (has(env, "MASTER_PORT")) {
+      r.master_port = parse_int("MASTER_PORT", env("MASTER_PORT"), 1, 65535);
+    } else if (has(env, "SLURM_JOB_ID")) {
+      r.master_port = port_for_job(parse_int("SLURM_JOB_ID", env("SLURM_JOB_ID"), 0, 2147483646));
+    } else if (r.world_size > 1) {
+      throw SetupError("srun launch without SLURM_JOB_ID or MASTER_PORT: cannot pick a port");
+    }
+  }
+  if (r.local_world_size == 0) {
+    // Tasks on this node: Slurm says it as "4" or "4(x2)" (per node, repeated).
+    const char* per_node = env("SLURM_NTASKS_PER_NODE");
+    if (per_node == nullptr || *per_node == '\0') per_node = env("SLURM_TASKS_PER_NODE");
+    r.local_world_size = per_node && *per_node ? std::atoi(per_node) : 1;
+    if (r.local_world_size < 1) r.local_world_size = 1;
+  }
+  if (r.local_rank >= r.local_world_size && r.launcher != "none")
+    r.local_world_size = r.local_rank + 1;
+  return r;
+}
+
+RankEnv read_rank_env() {
+  return read_rank_env([](const char* name) { return std::getenv(name); });
+}
+
+}  // namespace kit

@@ -1,0 +1,43 @@
+// kit/trace.cpp — the run trace (see trace.h).
+#include "kit/trace.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unistd.h>
+
+namespace kit::trace {
+namespace {
+
+struct Sink {
+  std::FILE* file = nullptr;
+  std::mutex mutex;
+  Sink() {
+    const char* dir = std::getenv("KIT_TRACE_DIR");
+    if (dir == nullptr || *dir == '\0') return;
+    const char* rank = std::getenv("RANK");
+    if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+    std::string name = rank ? std::string("rank") + rank : "pid" + std::to_string(getpid());
+    file = std::fopen((std::string(dir) + "/" + name + ".trace").c_str(), "a");
+  }
+};
+
+Sink& sink() {
+  static Sink s;  // opened on first use, never closed: records may come from atexit handlers
+  return s;
+}
+
+}  // namespace
+
+bool enabled() { return sink().file != nullptr; }
+
+void record(const std::string& event, const std::string& fields) {
+  Sink& s = sink();
+  if (s.file == nullptr) return;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::fprintf(s.file, "%s %s\n", event.c_str(), fields.c_str());
+  std::fflush(s.file);
+}
+
+}  // namespace kit::trace

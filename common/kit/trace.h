@@ -1,0 +1,18 @@
+// kit/trace.h — trace::record(): what a run did, for the checker (`kit check`, tests/student).
+//
+// Off unless KIT_TRACE_DIR is set. Then every process appends one line per event to
+// $KIT_TRACE_DIR/rank<RANK>.trace (RANK from the launcher; the pid if there is none): which
+// samples it read, the parameters' fingerprint at each training forward, every all-reduce, every
+// print0/save0, and whether the process group was still alive at exit. The checker compares these
+// files across ranks; it judges behaviour, not source text.
+#pragma once
+
+#include <string>
+
+namespace kit::trace {
+
+bool enabled();
+// Appends "<event> <fields>" as one line; thread-safe, flushed at once so a crash loses nothing.
+void record(const std::string& event, const std::string& fields);
+
+}  // namespace kit::trace

@@ -1,0 +1,200 @@
+// Exercise 01 — a Transformer language model on WikiText-2, from one GPU to many.
+//
+// As shipped this is a complete single-GPU trainer: build it, run it, watch the loss fall.
+// The numbered TODOs turn it into a data-parallel trainer that uses every GPU of every node:
+// each GPU gets its own process (a "rank") with a full copy of the model and its own slice of
+// the data, and the ranks average their gradients after every backward pass.
+// Work through the TODOs in order; `./kit check 01` tells you which ones already work.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <torch/torch.h>          // tensors, autograd, optimizers
+
+#include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
+#include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
+#include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
+#include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
+//@ todo 1
+//@ | Include kit/distributed.h and kit/ddp.h. C++ LibTorch has no torch.distributed module;
+//@ | these two headers are the course's stand-in for it (setup, collectives, DDP).
+//@ solution
+#include "kit/ddp.h"              // DistributedDataParallel: keeps the model copies identical
+#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+//@ end
+
+using Loader = kit::DataLoader<kit::LanguageModelDataset>;
+
+// One pass over the training data. Returns the mean training loss of the pass.
+torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
+                              torch::optim::Optimizer& optimizer, torch::Device device,
+                              int64_t max_steps) {
+  model->train();
+  auto total = torch::zeros({}, torch::TensorOptions().device(device));
+  int64_t steps = 0;
+  for (kit::Batch batch : loader) {
+    auto input = batch.input.to(device), target = batch.target.to(device);
+    optimizer.zero_grad();
+    auto loss = kit::lm_loss(model->forward(input), target);
+    loss.backward();
+    optimizer.step();
+    total += loss.detach();  // stays on the device: no GPU -> CPU copy in the hot loop
+    if (++steps == max_steps) break;
+  }
+  auto mean = total / static_cast<double>(steps);
+  //@ todo 10
+  //@ | `mean` is this rank's loss over the batches it saw, and every rank saw different
+  //@ | batches. Average it over all ranks (kit::all_reduce with kit::ReduceOp::AVG), so the
+  //@ | number reported describes the whole epoch and is the same on every rank.
+  //@ solution
+  kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks
+  //@ end
+  return mean;
+}
+
+// The mean loss over a validation or test set, without training.
+torch::Tensor evaluate(kit::TransformerLM& model, const Loader& loader, torch::Device device) {
+  torch::NoGradGuard no_grad;  // no gradients needed: saves memory and time
+  model->eval();               // dropout off
+  auto total = torch::zeros({}, torch::TensorOptions().device(device));
+  int64_t batches = 0;
+  for (kit::Batch batch : loader) {
+    total += kit::lm_loss(model->forward(batch.input.to(device)), batch.target.to(device));
+    ++batches;
+  }
+  auto mean = total / static_cast<double>(batches);
+  //@ todo 10
+  //@ | Same as in train_one_epoch: average this rank's loss over all ranks.
+  //@ solution
+  kit::all_reduce(mean, kit::ReduceOp::AVG);  // the loss of the whole split, on every rank
+  //@ end
+  return mean;
+}
+
+int main(int argc, char** argv) {
+  kit::TrainArgs args = kit::parse_args(argc, argv);
+
+  //@ todo 2-3
+  //@ | Replace the next three lines by one call to kit::setup(args.seed). It joins the other
+  //@ | ranks and tells this process who it is: local rank, rank, device and world size.
+  //@ | It also seeds each rank differently and selects the GPU that belongs to this rank.
+  //@ | Keep a line that says which rank runs on which device: every rank should print it.
+  torch::manual_seed(args.seed);
+  torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  std::printf("training on %s\n", device.str().c_str());
+  //@ solution
+  // Join the job. Who we are comes from the launcher (ddprun, or srun on a cluster).
+  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
+              device.str().c_str());
+  //@ end
+
+  // WikiText-2: ~2 million words of Wikipedia. Each sample is a window of seq_len words, and
+  // the target is the same window shifted by one word: predict the next word everywhere.
+  kit::WikiText2 corpus = kit::load_wikitext2(args.data_dir);
+  kit::LanguageModelDataset train_data(corpus.train, args.seq_len, "train");
+  kit::LanguageModelDataset val_data(corpus.valid, args.seq_len, "valid");
+  kit::LanguageModelDataset test_data(corpus.test, args.seq_len, "test");
+
+  //@ todo 4
+  //@ | Every rank must read a different part of each split, or all ranks just repeat the same
+  //@ | work. Create a kit::DistributedSampler for each of the three datasets. Shuffle only the
+  //@ | training set, and give every rank the same seed: all ranks shuffle the same list the
+  //@ | same way, then each takes its own slice of it.
+  //@ solution
+  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);
+  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);
+  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);
+  //@ end
+  //@ todo 5
+  //@ | Hand train_sampler to the training loader in place of shuffle=true: the sampler does
+  //@ | the shuffling now, per epoch and consistently across ranks.
+  Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);
+  //@ solution
+  Loader train_loader(train_data, args.batch_size, train_sampler);
+  //@ end
+  //@ todo 6
+  //@ | Hand val_sampler to the validation loader.
+  Loader val_loader(val_data, args.eval_batch_size);
+  //@ solution
+  Loader val_loader(val_data, args.eval_batch_size, val_sampler);
+  //@ end
+  //@ todo 7
+  //@ | Hand test_sampler to the test loader.
+  Loader test_loader(test_data, args.eval_batch_size);
+  //@ solution
+  Loader test_loader(test_data, args.eval_batch_size, test_sampler);
+  //@ end
+
+  kit::TransformerLMOptions model_options;
+  model_options.vocab_size = corpus.vocab.size();
+  model_options.d_model = args.d_model;
+  model_options.heads = args.heads;
+  model_options.layers = args.layers;
+  model_options.feedforward = args.feedforward;
+  model_options.dropout = args.dropout;
+  model_options.max_len = args.seq_len;
+  kit::TransformerLM model(model_options);
+  model->to(device);
+  //@ todo 8
+  //@ | Wrap the model in kit::DistributedDataParallel. Each rank initialised its weights at
+  //@ | random; the wrapper copies rank 0's weights to all ranks, then averages the gradients
+  //@ | of all ranks in every backward pass, so that all copies stay identical. The wrapper
+  //@ | must stay alive for the whole training.
+  //@ solution
+  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients
+  //@ end
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
+
+  double best_val_loss = std::numeric_limits<double>::infinity();
+  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+    //@ todo 9
+    //@ | Tell train_sampler which epoch starts. Its shuffle is seeded with seed + epoch; without
+    //@ | this call every epoch visits the samples in the same order.
+    //@ solution
+    train_sampler.set_epoch(epoch);
+    //@ end
+    double train_loss = train_one_epoch(model, train_loader, optimizer, device, args.max_steps).item<double>();
+    double val_loss = evaluate(model, val_loader, device).item<double>();
+    //@ todo 11
+    //@ | Print with kit::print0 in place of std::printf (same arguments). Every rank runs this
+    //@ | line; print0 prints it once, from rank 0, instead of once per rank.
+    std::printf("[%ld/%ld] train loss %.5f, validation loss %.5f (perplexity %.2f)\n", epoch + 1,
+                args.epochs, train_loss, val_loss, std::exp(val_loss));
+    //@ solution
+    kit::print0("[%ld/%ld] train loss %.5f, validation loss %.5f (perplexity %.2f)\n", epoch + 1,
+                args.epochs, train_loss, val_loss, std::exp(val_loss));
+    //@ end
+    if (val_loss < best_val_loss) {
+      best_val_loss = val_loss;
+      //@ todo 12
+      //@ | Save with kit::save0 in place of torch::save. All ranks hold the same model, so one
+      //@ | copy is enough; several ranks writing one file at once can corrupt it.
+      torch::save(model, args.out_dir + "/model-best.pt");
+      //@ solution
+      kit::save0(model, args.out_dir + "/model-best.pt");
+      //@ end
+    }
+  }
+
+  double test_loss = evaluate(model, test_loader, device).item<double>();
+  //@ todo 11
+  //@ | Here too: kit::print0 in place of std::printf.
+  std::printf("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
+  //@ solution
+  kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
+  //@ end
+  //@ todo 12
+  //@ | Here too: kit::save0 in place of torch::save.
+  torch::save(model, args.out_dir + "/model-final.pt");
+  //@ solution
+  kit::save0(model, args.out_dir + "/model-final.pt");
+  //@ end
+  //@ todo 13
+  //@ | Leave the job cleanly: kit::destroy_process_group() closes the connections to the
+  //@ | other ranks before the program ends.
+  //@ solution
+  kit::destroy_process_group();
+  //@ end
+  return 0;
+}
