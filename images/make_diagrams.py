@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""Writes every diagram of the course decks as SVG into images/, in the style of images/style.py.
+
+  make_diagrams.py            (re)write the SVG files
+  make_diagrams.py --check    exit 1 if a committed SVG differs from what this script draws
+  make_diagrams.py --out DIR  write into DIR instead
+
+Python standard library only. Edit the drawing here, never the SVG files.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from style import COLORS, GRID, IDLE, INK, LIGHT, MUTED, PAPER, SUM, Svg  # noqa: E402
+
+SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+LETTERS = "abcd"
+
+
+def sub(s):
+    return str(s).translate(SUB)
+
+
+# --- the four collectives ------------------------------------------------------------------------
+
+def cell(svg, x, y, kind, label, size=46):
+    """One chunk of data: kind = rank index (its colour), 'sum', or None (empty)."""
+    if kind is None:
+        svg.rect(x, y, size, size, fill="none", stroke=GRID, dash="5 4", rx=4)
+        return
+    if kind == "sum":
+        svg.rect(x, y, size, size, fill=SUM, stroke=INK, rx=4)
+        svg.text(x + size / 2, y + size / 2 + 7, label, size=19, fill="white", weight="bold")
+    else:
+        svg.rect(x, y, size, size, fill=LIGHT[kind], stroke=COLORS[kind], rx=4)
+        svg.text(x + size / 2, y + size / 2 + 7, label, size=19, fill=INK)
+
+
+def collective(name, title, before, after, note):
+    """before/after: per rank, a list of 4 (kind, label) chunks."""
+    svg = Svg(980, 400, f"{title}: before and after, on four ranks")
+    cs, gap = 46, 6
+    xl, xr, y0, dy = 120, 620, 70, 72
+    svg.text(xl + 2 * (cs + gap), 40, "before", size=20, fill=MUTED)
+    svg.text(xr + 2 * (cs + gap), 40, "after", size=20, fill=MUTED)
+    for r in range(4):
+        y = y0 + r * dy
+        svg.text(60, y + 30, f"rank {r}", size=18, fill=COLORS[r], weight="bold")
+        for side, x, chunks in (("b", xl, before[r]), ("a", xr, after[r])):
+            for i, (kind, label) in enumerate(chunks):
+                cell(svg, x + i * (cs + gap), y, kind, label, cs)
+    svg.arrow(360, 190, 590, 190, sw=3)
+    svg.text(475, 175, title, size=22, weight="bold")
+    for i, line in enumerate(note):
+        svg.text(490, 366 + i * 24, line, size=16, fill=MUTED)
+    return name, svg
+
+
+def collectives():
+    full = [[(r, f"{LETTERS[r]}{sub(i)}") for i in range(4)] for r in range(4)]
+    summed = [("sum", f"Σ{sub(i)}") for i in range(4)]
+    own = [[(r, f"{LETTERS[r]}") if i == 0 else (None, "") for i in range(4)] for r in range(4)]
+    gathered = [(i, LETTERS[i]) for i in range(4)]
+    return [
+        collective("collective-all-reduce.svg", "all-reduce", full, [summed] * 4,
+                   ["Σᵢ = aᵢ + bᵢ + cᵢ + dᵢ  (or the average, or the max)",
+                    "every rank ends with the whole reduced vector"]),
+        collective("collective-all-gather.svg", "all-gather", own, [gathered] * 4,
+                   ["every rank contributes one piece",
+                    "and every rank ends with all the pieces"]),
+        collective("collective-reduce-scatter.svg", "reduce-scatter", full,
+                   [[summed[r]] + [(None, "")] * 3 for r in range(4)],
+                   ["reduce as in all-reduce, but rank i keeps only piece i",
+                    "all-reduce = reduce-scatter followed by all-gather"]),
+        collective("collective-broadcast.svg", "broadcast", [full[0]] + [[(None, "")] * 4] * 3,
+                   [[(0, f"a{sub(i)}") for i in range(4)]] * 4,
+                   ["one rank (the root, here rank 0) sends its data",
+                    "every other rank receives a copy"]),
+    ]
+
+
+# --- world size, rank, local rank ----------------------------------------------------------------
+
+def ranks():
+    svg = Svg(1100, 430, "Two nodes with four GPUs each: world size 8, ranks 0 to 7, local ranks 0 to 3")
+    for node in range(2):
+        x0 = 30 + node * 540
+        svg.rect(x0, 40, 500, 290, fill=PAPER, stroke=INK, rx=12)
+        svg.text(x0 + 20, 72, f"node {node}", size=22, anchor="start", weight="bold")
+        svg.text(x0 + 480, 72, f"SLURM_NODEID = {node}", size=16, anchor="end", fill=MUTED, mono=True)
+        for g in range(4):
+            x = x0 + 20 + g * 118
+            rank = node * 4 + g
+            svg.rect(x, 95, 106, 215, fill=LIGHT[g], stroke=COLORS[g], rx=8)
+            svg.text(x + 53, 125, f"GPU {g}", size=18, weight="bold", fill=COLORS[g])
+            svg.text(x + 53, 170, "rank", size=15, fill=MUTED)
+            svg.text(x + 53, 205, str(rank), size=34, weight="bold")
+            svg.text(x + 53, 250, "local rank", size=15, fill=MUTED)
+            svg.text(x + 53, 285, str(g), size=26, weight="bold", fill=COLORS[g])
+    svg.rect(45, 89, 116, 227, fill="none", stroke=SUM, sw=3, rx=10, dash="9 5")
+    svg.text(107, 355, "rank 0: listens at MASTER_ADDR:MASTER_PORT", size=16, anchor="start", fill=SUM)
+    svg.text(550, 395, "world size = 2 nodes × 4 GPUs = 8 ranks", size=22, weight="bold")
+    svg.text(300, 422, "rank = node × 4 + local rank", size=16, fill=MUTED)
+    svg.text(780, 422, "local rank = the GPU of its node a rank drives", size=16, fill=MUTED)
+    return [("ranks-2x4.svg", svg)]
+
+
+# --- DDP step by step ----------------------------------------------------------------------------
+
+def ddp_steps():
+    cols = [("① broadcast", "rank 0's", "weights"), ("② own batch", "a slice", "per rank"),
+            ("③ forward", "loss of", "own batch"), ("④ backward", "own", "gradients"),
+            ("⑤ all-reduce", "average", "gradients"), ("⑥ step", "same", "update")]
+    svg = Svg(1180, 440, "DDP: one training step on four ranks")
+    x0, cw, y0, lh = 110, 176, 90, 78
+    for c, (head, l1, l2) in enumerate(cols):
+        x = x0 + c * cw
+        svg.text(x + cw / 2 - 8, 32, head, size=19, weight="bold")
+        svg.text(x + cw / 2 - 8, 56, l1 + " " + l2, size=15, fill=MUTED)
+    for r in range(4):
+        y = y0 + r * lh
+        svg.text(60, y + 38, f"rank {r}", size=18, fill=COLORS[r], weight="bold")
+        for c in (1, 2, 3, 5):
+            x = x0 + c * cw
+            svg.rect(x, y, cw - 20, lh - 16, fill=LIGHT[r], stroke=COLORS[r], rx=8)
+            label = {1: f"batch {r}", 2: f"loss{sub(r)}", 3: f"g{sub(r)} = ∇loss{sub(r)}", 5: "w ← w − η·ḡ"}[c]
+            svg.text(x + (cw - 20) / 2, y + 38, label, size=17)
+            if c < 5:
+                svg.arrow(x + cw - 20, y + 31, x + cw - 2, y + 31, sw=1.5)
+        svg.arrow(x0 + cw - 20, y + 31, x0 + cw - 2, y + 31, sw=1.5)
+    for c, label in ((0, "w ← w₀"), (4, "ḡ = ¼ Σ gᵣ")):
+        x = x0 + c * cw
+        svg.rect(x, y0, cw - 20, 4 * lh - 16, fill=SUM, stroke=INK, rx=10)
+        svg.text(x + (cw - 20) / 2, y0 + 2 * lh - 2, label, size=19, fill="white", weight="bold")
+        svg.arrow(x + cw - 20, y0 + 2 * lh - 8, x + cw - 2, y0 + 2 * lh - 8, sw=1.5)
+    svg.text(300, 420, "① once, when DDP wraps the model", size=16, fill=MUTED)
+    svg.text(800, 420, "②–⑥ every step, and all ranks stay identical", size=16, fill=MUTED)
+    return [("ddp-steps.svg", svg)]
+
+
+def ddp_overlap():
+    svg = Svg(1100, 330, "Gradient all-reduce after backward versus bucketed and overlapped with backward")
+    x0, u = 200, 62   # time axis origin and one unit
+    layers = ["L4", "L3", "L2", "L1"]
+
+    def lane(y, label):
+        svg.text(x0 - 15, y + 27, label, size=16, anchor="end", fill=MUTED)
+
+    # (a) after backward
+    svg.text(20, 40, "one all-reduce after backward", size=19, anchor="start", weight="bold")
+    lane(55, "compute")
+    lane(100, "network")
+    for i, l in enumerate(layers):
+        svg.rect(x0 + i * 1.5 * u, 55, 1.5 * u - 4, 40, fill=LIGHT[0], stroke=COLORS[0], rx=5)
+        svg.text(x0 + i * 1.5 * u + 0.75 * u, 81, f"bwd {l}", size=15)
+    svg.rect(x0 + 6 * u, 100, 4 * u - 4, 40, fill=LIGHT[1], stroke=COLORS[1], rx=5)
+    svg.text(x0 + 8 * u, 126, "all-reduce all gradients", size=15)
+    svg.rect(x0 + 10 * u, 55, u - 4, 40, fill=LIGHT[2], stroke=COLORS[2], rx=5)
+    svg.text(x0 + 10.5 * u, 81, "step", size=15)
+    svg.line(x0 + 11 * u, 48, x0 + 11 * u, 148, stroke=MUTED, dash="4 4")
+    # (b) overlapped
+    yb = 185
+    svg.text(20, yb, "bucketed, overlapped with backward (kit::DistributedDataParallel)", size=19,
+             anchor="start", weight="bold")
+    lane(yb + 15, "compute")
+    lane(yb + 60, "network")
+    for i, l in enumerate(layers):
+        svg.rect(x0 + i * 1.5 * u, yb + 15, 1.5 * u - 4, 40, fill=LIGHT[0], stroke=COLORS[0], rx=5)
+        svg.text(x0 + i * 1.5 * u + 0.75 * u, yb + 41, f"bwd {l}", size=15)
+    for b in range(3):   # a bucket starts as soon as its gradients are ready
+        xs = x0 + (1.5 + 1.5 * b) * u + (0.1 * u)
+        svg.rect(xs, yb + 60, 1.4 * u - 4, 40, fill=LIGHT[1], stroke=COLORS[1], rx=5)
+        svg.text(xs + 0.7 * u, yb + 86, f"bucket {b}", size=15)
+    svg.rect(x0 + 6 * u + 0.1 * u, yb + 60, 1.2 * u - 4, 40, fill=LIGHT[1], stroke=COLORS[1], rx=5)
+    svg.text(x0 + 6.7 * u, yb + 86, "last", size=15)
+    svg.rect(x0 + 7.4 * u, yb + 15, u - 4, 40, fill=LIGHT[2], stroke=COLORS[2], rx=5)
+    svg.text(x0 + 7.9 * u, yb + 41, "step", size=15)
+    svg.line(x0 + 8.4 * u, yb + 8, x0 + 8.4 * u, yb + 108, stroke=MUTED, dash="4 4")
+    svg.arrow(x0 + 8.5 * u, yb + 35, x0 + 10.9 * u, yb + 35, stroke=COLORS[2], sw=2.5)
+    svg.text(x0 + 9.7 * u, yb + 26, "time saved", size=15, fill=COLORS[2])
+    svg.arrow(x0, 318, x0 + 11.5 * u, 318, stroke=MUTED, sw=1.5)
+    svg.text(x0 + 11.6 * u, 323, "time", size=15, anchor="start", fill=MUTED)
+    return [("ddp-overlap.svg", svg)]
+
+
+# --- launching: torchrun vs srun -----------------------------------------------------------------
+
+def launch():
+    svg = Svg(1120, 420, "Python: srun starts torchrun per node, which starts the workers. The kit: srun starts every rank")
+    for side, (x0, head, tail) in enumerate([(20, "PyTorch in Python", "torchrun (one per node)"),
+                                             (580, "this kit (C++)", None)]):
+        svg.rect(x0, 20, 520, 385, fill=PAPER, stroke=INK, rx=12)
+        svg.text(x0 + 260, 55, head, size=21, weight="bold")
+        svg.rect(x0 + 160, 75, 200, 44, fill=SUM, stroke=INK, rx=8)
+        svg.text(x0 + 260, 104, "sbatch → srun", size=18, fill="white", weight="bold", mono=True)
+        for node in range(2):
+            nx = x0 + 20 + node * 250
+            svg.rect(nx, 150, 230, 210, fill="white", stroke=MUTED, rx=10)
+            svg.text(nx + 115, 175, f"node {node}", size=16, fill=MUTED)
+            svg.arrow(x0 + 260, 119, nx + 115, 150, sw=1.5)
+            if tail:
+                svg.rect(nx + 25, 188, 180, 40, fill=LIGHT[5], stroke=COLORS[5], rx=6)
+                svg.text(nx + 115, 214, "torchrun", size=16, mono=True)
+                for g in range(4):
+                    gx = nx + 12 + g * 54
+                    svg.arrow(nx + 115, 228, gx + 23, 262, sw=1.2)
+                    svg.rect(gx, 262, 46, 80, fill=LIGHT[g], stroke=COLORS[g], rx=5)
+                    svg.text(gx + 23, 308, str(node * 4 + g), size=18, weight="bold")
+            else:
+                for g in range(4):
+                    gx = nx + 12 + g * 54
+                    svg.rect(gx, 200, 46, 142, fill=LIGHT[g], stroke=COLORS[g], rx=5)
+                    svg.text(gx + 23, 280, str(node * 4 + g), size=18, weight="bold")
+        note = ("srun: 1 task per node; torchrun spawns 4 workers" if tail
+                else "srun: 1 task per GPU; kit::setup() reads SLURM_*")
+        svg.text(x0 + 260, 390, note, size=15, fill=MUTED)
+    return [("launch-srun.svg", svg)]
+
+
+# --- ZeRO and FSDP -------------------------------------------------------------------------------
+
+def zero():
+    svg = Svg(1180, 470, "What each GPU keeps under DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP, on four GPUs")
+    rows = [("DDP", 0, "16Ψ"), ("ZeRO-1", 1, "4Ψ + 12Ψ/N"), ("ZeRO-2", 2, "2Ψ + 14Ψ/N"),
+            ("ZeRO-3 / FSDP", 3, "16Ψ/N")]
+    parts = [("parameters", 2, 0), ("gradients", 2, 1), ("optimizer states", 12, 2)]
+    x0, gw, y0, rh = 190, 190, 70, 88
+    scale = 150 / 16     # pixels per byte per parameter (a full stack is 150 px wide)
+    for g in range(4):
+        svg.text(x0 + g * gw + 80, 50, f"GPU {g}", size=18, weight="bold", fill=COLORS[g])
+    svg.text(x0 + 4 * gw + 70, 50, "bytes per GPU", size=17, weight="bold")
+    for r, (name, level, formula) in enumerate(rows):
+        y = y0 + r * rh
+        svg.text(20, y + 42, name, size=18, anchor="start", weight="bold")
+        for g in range(4):
+            x = x0 + g * gw
+            bx = x
+            for i, (pname, nbytes, order) in enumerate(parts):
+                w = nbytes * scale
+                sharded = level >= {0: 3, 1: 2, 2: 1}[order]
+                svg.rect(bx, y + 12, w, 50, fill=IDLE if sharded else LIGHT[[0, 1, 2][order]],
+                         stroke=GRID if sharded else COLORS[[0, 1, 2][order]], sw=1.5, rx=3)
+                if sharded:   # this GPU keeps only its quarter
+                    svg.rect(bx + g * w / 4, y + 12, w / 4, 50, fill=LIGHT[order], stroke=COLORS[order],
+                             sw=1.5, rx=2)
+                bx += w + 3
+        svg.text(x0 + 4 * gw + 70, y + 44, formula, size=19, mono=True)
+        svg.text(x0 + 4 * gw + 70, y + 66, f"= {[16, 7, 5.5, 4][r]:g}Ψ for N = 4", size=14, fill=MUTED)
+    ly = y0 + 4 * rh + 22
+    for i, (pname, nbytes, order) in enumerate(parts):
+        lx = 190 + i * 270
+        svg.rect(lx, ly, 26, 20, fill=LIGHT[order], stroke=COLORS[order], sw=1.5, rx=3)
+        svg.text(lx + 34, ly + 16, f"{pname} ({nbytes} B)", size=16, anchor="start")
+    svg.rect(1000, ly, 26, 20, fill=IDLE, stroke=GRID, sw=1.5, rx=3)
+    svg.text(1034, ly + 16, "not kept", size=16, anchor="start")
+    svg.text(590, ly + 50, "Ψ = number of parameters, N = number of GPUs; Adam with mixed precision: 2 + 2 + 12 = 16 bytes per parameter",
+             size=15, fill=MUTED)
+    return [("zero-sharding.svg", svg)]
+
+
+# --- pipeline parallelism ------------------------------------------------------------------------
+
+def pipeline():
+    p, m = 4, 4
+    svg = Svg(1180, 520, "Naive model parallelism versus a pipeline of four microbatches on four GPUs")
+    u = 30          # one time unit: one stage's forward (or backward) of one microbatch
+    x0 = 110
+
+    def grid(y, busy, units, title):
+        """busy: {(stage, start unit): (kind, microbatch or None, length in units)}."""
+        svg.text(20, y - 14, title, size=19, anchor="start", weight="bold")
+        for s in range(p):
+            yy = y + s * 40
+            svg.text(x0 - 12, yy + 24, f"GPU {s}", size=15, anchor="end", fill=COLORS[s])
+            svg.rect(x0, yy, units * u, 34, fill="url(#idle)", stroke=GRID, sw=1, rx=3)
+            for (st, t), (kind, mb, n) in busy.items():
+                if st != s:
+                    continue
+                fwd = kind == "F"
+                svg.rect(x0 + t * u, yy, n * u - 3, 34, fill=LIGHT[s] if fwd else COLORS[s],
+                         stroke=COLORS[s], sw=1.5, rx=3)
+                label = f"{kind}{sub(mb)}" if mb else ("forward" if fwd else "backward")
+                svg.text(x0 + t * u + (n * u - 3) / 2, yy + 23, label, size=14,
+                         fill=INK if fwd else "white", weight="bold")
+        svg.text(x0 + units * u + 10, y + 150, f"{units} units", size=15, anchor="start", fill=MUTED)
+
+    naive = {}
+    for s in range(p):   # the whole batch = m microbatches' worth of work per stage
+        naive[(s, s * m)] = ("F", None, m)
+        naive[(s, (2 * p - 1 - s) * m)] = ("B", None, m)
+    grid(50, naive, 2 * p * m, "naive: the whole batch passes the stages one after the other")
+    piped = {}
+    for s in range(p):
+        for k in range(m):
+            piped[(s, s + k)] = ("F", k + 1, 1)
+            piped[(s, m + p - 1 + (p - 1 - s) + k)] = ("B", m - k, 1)
+    grid(285, piped, 2 * (m + p - 1), f"pipelined: the same batch cut into m = {m} microbatches (GPipe schedule)")
+    svg.text(20, 478, f"p = {p} stages; one unit = one stage on one microbatch; backward taken as long as forward; "
+             "hatched = idle (the bubble).", size=15, anchor="start", fill=MUTED)
+    svg.text(20, 502, f"Each GPU works 2m = {2 * m} units in both. Idle share: naive (p−1)/p = {p - 1}/{p}; "
+             f"pipelined (p−1)/(m+p−1) = {p - 1}/{m + p - 1}.", size=15, anchor="start", fill=MUTED)
+    return [("pipeline.svg", svg)]
+
+
+# --- tensor parallelism --------------------------------------------------------------------------
+
+def tensor_parallel():
+    svg = Svg(1180, 420, "Tensor parallelism: splitting a weight matrix by columns or by rows across two GPUs")
+    c0, c1 = COLORS[0], COLORS[1]
+
+    def mat(x, y, w, h, fill, stroke, label, size=20, color=INK):
+        svg.rect(x, y, w, h, fill=fill, stroke=stroke, rx=3)
+        svg.text(x + w / 2, y + h / 2 + 7, label, size=size, fill=color)
+
+    # column split: Y = X W, W = [W1 | W2]
+    svg.text(290, 40, "split W by columns", size=21, weight="bold")
+    mat(30, 110, 110, 110, PAPER, INK, "X")
+    svg.text(160, 172, "·", size=30)
+    mat(180, 110, 55, 110, LIGHT[0], c0, "W₁")
+    mat(235, 110, 55, 110, LIGHT[1], c1, "W₂")
+    svg.text(315, 172, "=", size=26)
+    mat(340, 110, 55, 110, LIGHT[0], c0, "XW₁", size=16)
+    mat(395, 110, 55, 110, LIGHT[1], c1, "XW₂", size=16)
+    svg.text(290, 260, "each GPU holds all of X and half of W,", size=16, fill=MUTED)
+    svg.text(290, 283, "and computes half of the output columns", size=16, fill=MUTED)
+    svg.text(290, 318, "join the halves: all-gather", size=17, weight="bold")
+    svg.text(290, 341, "(or keep them split for a row-split next layer)", size=15, fill=MUTED)
+    # row split: Y = X W, X = [X1 | X2], W = [W1 ; W2]
+    ox = 620
+    svg.text(ox + 270, 40, "split W by rows", size=21, weight="bold")
+    mat(ox + 0, 110, 55, 110, LIGHT[0], c0, "X₁")
+    mat(ox + 55, 110, 55, 110, LIGHT[1], c1, "X₂")
+    svg.text(ox + 130, 172, "·", size=30)
+    mat(ox + 150, 80, 110, 55, LIGHT[0], c0, "W₁")
+    mat(ox + 150, 135, 110, 55, LIGHT[1], c1, "W₂")
+    svg.text(ox + 280, 172, "=", size=26)
+    mat(ox + 305, 110, 110, 110, SUM, INK, "X₁W₁ + X₂W₂", size=15, color="white")
+    svg.text(ox + 270, 260, "each GPU holds half of the input's columns", size=16, fill=MUTED)
+    svg.text(ox + 270, 283, "and the matching half of W's rows", size=16, fill=MUTED)
+    svg.text(ox + 270, 318, "add the partial products: all-reduce", size=17, weight="bold")
+    svg.line(590, 60, 590, 360, stroke=GRID, sw=2)
+    svg.text(590, 395, "GPU 0 holds the blue parts, GPU 1 the orange ones. An MLP block splits its first layer by columns "
+             "and its second by rows: one all-reduce per block.", size=15, fill=MUTED)
+    return [("tensor-parallel.svg", svg)]
+
+
+# --- 3D parallelism ------------------------------------------------------------------------------
+
+def three_d():
+    svg = Svg(1180, 470, "3D parallelism: 2 data-parallel replicas × 4 pipeline stages × 2-way tensor parallelism = 16 GPUs")
+    stages, tp, dp = 4, 2, 2
+    for d in range(dp):
+        y0 = 40 + d * 200
+        svg.rect(20, y0, 960, 170, fill=PAPER, stroke=INK, rx=12)
+        svg.text(40, y0 + 28, f"data-parallel replica {d}: a whole model", size=17, anchor="start", weight="bold")
+        for s in range(stages):
+            x = 50 + s * 235
+            svg.rect(x, y0 + 42, 180, 112, fill="white", stroke=COLORS[s], rx=10, sw=2.5)
+            svg.text(x + 90, y0 + 62, f"stage {s}: layers {s * 6}–{s * 6 + 5}", size=14, fill=COLORS[s])
+            for t in range(tp):
+                gx = x + 14 + t * 80
+                gpu = d * stages * tp + s * tp + t
+                svg.rect(gx, y0 + 72, 72, 70, fill=LIGHT[s], stroke=COLORS[s], rx=6)
+                svg.text(gx + 36, y0 + 102, f"GPU {gpu}", size=14, weight="bold")
+                svg.text(gx + 36, y0 + 124, f"half {t + 1}", size=13, fill=MUTED)
+            svg.line(x + 86, y0 + 107, x + 94, y0 + 107, stroke=INK, sw=4)
+            if s < stages - 1:
+                svg.arrow(x + 180, y0 + 98, x + 233, y0 + 98, sw=2.5)
+    for s in range(stages):
+        x = 50 + s * 235 + 90
+        svg.line(x, 40 + 154, x, 240 + 42, stroke=SUM, sw=2.5, dash="7 5")
+    lx = 1000
+    svg.text(lx, 70, "tensor (TP)", size=17, anchor="start", weight="bold")
+    svg.text(lx, 92, "inside a stage: GPUs", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 110, "of one node, NVLink,", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 128, "every layer talks", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 175, "pipeline (PP)", size=17, anchor="start", weight="bold")
+    svg.text(lx, 197, "arrows: activations", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 215, "go to the next stage,", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 233, "may cross nodes", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 280, "data (DP)", size=17, anchor="start", weight="bold")
+    svg.text(lx, 302, "dashed: the same stage", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 320, "of every replica", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 338, "all-reduces gradients", size=14, anchor="start", fill=MUTED)
+    svg.text(lx, 356, "once per step", size=14, anchor="start", fill=MUTED)
+    svg.text(500, 458, "GPUs = DP × PP × TP = 2 × 4 × 2 = 16", size=18, weight="bold")
+    return [("3d-parallel.svg", svg)]
+
+
+def all_diagrams():
+    out = []
+    for make in (collectives, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d):
+        out.extend(make())
+    return out
+
+
+def main(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = argv[argv.index("--out") + 1] if "--out" in argv else here
+    check = "--check" in argv
+    stale = []
+    for name, svg in all_diagrams():
+        text = svg.render()
+        path = os.path.join(out, name)
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        if old == text:
+            continue
+        if check:
+            stale.append(name)
+        else:
+            os.makedirs(out, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            print(f"wrote {path}")
+    if stale:
+        sys.stderr.write("images differ from images/make_diagrams.py (run it to rewrite them): "
+                         + ", ".join(stale) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
