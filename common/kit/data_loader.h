@@ -28,7 +28,10 @@ class DistributedSampler {
       : DistributedSampler(dataset.size(), shuffle, seed) {}
 
   // The shuffle depends on seed + epoch: without this call, every epoch repeats the same order.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  void set_epoch(int64_t epoch) {
+    epoch_ = epoch;
+    trace::record("set_epoch", std::to_string(epoch));
+  }
 
   // This rank's sample indices for the current epoch. The list is padded (by repeating its
   // start) to a multiple of the number of ranks, so every rank does the same number of steps;

@@ -2,6 +2,7 @@
 #include "kit/ddp.h"
 
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -141,19 +142,29 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     if (p.requires_grad()) r.params.push_back(p);
   TORCH_CHECK(!r.params.empty(), "DistributedDataParallel: the model has no trainable parameters");
 
-  // 1. Same starting point everywhere: rank 0's parameters and buffers, in one broadcast.
+  // 1. Same starting point everywhere: rank 0's parameters and buffers, one broadcast per dtype.
+  //    Not all through float32: that would round float64 weights and large int64 buffers, and
+  //    change even rank 0's own model. Only bool and bfloat16 travel as uint8 / float32 (exact),
+  //    in case the backend cannot broadcast them.
   {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> state = module->parameters();
     for (auto& b : module->buffers()) state.push_back(b);
-    std::vector<torch::Tensor> flat_parts;
-    for (auto& t : state) flat_parts.push_back(t.detach().reshape(-1).to(torch::kFloat));
-    auto flat = torch::cat(flat_parts);
-    r.group->broadcast(flat, 0);
-    int64_t at = 0;
-    for (auto& t : state) {
-      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
-      at += t.numel();
+    auto wire = [](c10::ScalarType t) {
+      return t == torch::kBool ? torch::kByte : t == torch::kBFloat16 ? torch::kFloat : t;
+    };
+    std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;  // same order on every rank
+    for (auto& t : state) by_type[wire(t.scalar_type())].push_back(t);
+    for (auto& [type, tensors] : by_type) {
+      std::vector<torch::Tensor> flat_parts;
+      for (auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1).to(type));
+      auto flat = torch::cat(flat_parts);
+      r.group->broadcast(flat, 0);
+      int64_t at = 0;
+      for (auto& t : tensors) {
+        t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+        at += t.numel();
+      }
     }
   }
 

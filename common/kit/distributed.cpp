@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <iostream>
 #include <thread>
 
+#include <c10/util/Logging.h>  // FLAGS_caffe2_log_level
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/utils.h>
@@ -155,13 +157,7 @@ Setup setup(uint64_t seed) {
   auto timeout = collective_timeout();
 
   bool cuda = torch::cuda::is_available();
-  if (cuda) {
-    int gpus = static_cast<int>(torch::cuda::device_count());
-    if (env.local_world_size > gpus || env.local_rank >= gpus)
-      throw SetupError(std::to_string(std::max(env.local_world_size, env.local_rank + 1)) +
-                       " ranks on this node but only " + std::to_string(gpus) +
-                       " GPU(s) visible: start at most one rank per GPU");
-  }
+  const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0));
   std::string backend = cuda ? "nccl" : "gloo";
 #if !defined(KIT_HAVE_NCCL)
   backend = "gloo";
@@ -171,8 +167,14 @@ Setup setup(uint64_t seed) {
   c10::intrusive_ptr<c10d::Store> store;
   if (env.world_size == 1 && env.master_port == 0)
     store = c10::make_intrusive<c10d::HashStore>();  // alone: nobody to meet
-  else
+  else {
+    // c10d logs its own view of a rendezvous problem to stderr first (several glog lines, e.g.
+    // one per address it failed to bind), burying the kit's one-line SetupError. Keep c10d's
+    // log quiet unless the user asked for it with TORCH_CPP_LOG_LEVEL.
+    if (const char* level = std::getenv("TORCH_CPP_LOG_LEVEL"); level == nullptr || *level == '\0')
+      FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);  // 3: above c10d's ERROR
     store = rendezvous(env, timeout);
+  }
   try {
     g_group = make_process_group(c10::make_intrusive<c10d::PrefixStore>("pg", store), env.rank,
                                  env.world_size, backend, timeout);
@@ -181,13 +183,9 @@ Setup setup(uint64_t seed) {
   }
   g_rank = env.rank;
 
-  torch::Device device(torch::kCPU);
-  if (cuda) {
-    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
 #if defined(KIT_HAVE_NCCL)
-    compat::set_cuda_device(env.local_rank);
+  if (device.is_cuda()) compat::set_cuda_device(device.index());
 #endif
-  }
   // Different seeds per rank: dropout masks and any other randomness differ between ranks, as
   // they would between different batches on one GPU. (The initial weights come from rank 0 via
   // DistributedDataParallel, and the samplers share one seed on purpose.)
@@ -246,13 +244,38 @@ void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& 
     std::string tmp = path + ".tmp." + std::to_string(getpid());
     torch::serialize::OutputArchive archive;
     module->save(archive);
-    archive.save_to(tmp);
-    // fsync before rename: otherwise a node crash can leave the new name pointing at an empty file.
-    int fd = ::open(tmp.c_str(), O_RDONLY);
-    if (fd < 0 || ::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    auto fail = [&](int err) {
       std::remove(tmp.c_str());
-      throw std::runtime_error("save0: cannot write " + path + ": " + std::strerror(errno));
+      throw std::runtime_error("save0: cannot write " + path + ": " + std::strerror(err));
+    };
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail(errno);
+    // We write the bytes ourselves and never report a failed write back to LibTorch: its archive
+    // writer, after a failed write, throws again from its destructor, which ends the process via
+    // std::terminate with a cryptic message and leaves the temporary file behind (a full disk).
+    // The first error is remembered instead and reported below, after cleaning up.
+    int write_error = 0;
+    try {
+      archive.save_to([&](const void* data, size_t n) -> size_t {
+        const char* p = static_cast<const char*>(data);
+        for (size_t left = n; left > 0 && write_error == 0;) {
+          ssize_t done = ::write(fd, p, left);
+          if (done < 0 && errno == EINTR) continue;
+          if (done <= 0) write_error = done < 0 ? errno : EIO;
+          else p += done, left -= static_cast<size_t>(done);
+        }
+        return n;
+      });
+    } catch (...) {
+      ::close(fd);
+      std::remove(tmp.c_str());
+      throw;
     }
+    // fsync before rename: otherwise a node crash can leave the new name pointing at an empty file.
+    if (write_error == 0 && ::fsync(fd) != 0) write_error = errno;
+    if (::close(fd) != 0 && write_error == 0) write_error = errno;
+    if (write_error != 0) fail(write_error);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
     std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
     if (int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {
       ::fsync(dfd);

@@ -1,6 +1,7 @@
 // kit/env.cpp — reading the rank environment (see env.h).
 #include "kit/env.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -37,12 +38,32 @@ std::string first_host(const std::string& nodelist) {
     if (c == ',' && depth == 0) break;
     first += c;
   }
-  auto open = first.find('[');
-  if (open == std::string::npos) return first;
-  // "jwb[0012-0015,0020]": prefix + the first number of the range, zero padding kept.
-  std::string range = first.substr(open + 1);
-  auto end = range.find_first_of(",-]");
-  return first.substr(0, open) + range.substr(0, end);
+  // "jwb[0012-0015,0020]": prefix + the first number of the range, zero padding kept. A name
+  // may have several ranges and text after them ("rack[0-3]_blade[07-41]" -> "rack0_blade07",
+  // "n[1-2]-ib" -> "n1-ib"): every bracket group contributes its first number.
+  std::string host;
+  for (size_t i = 0; i < first.size();) {
+    if (first[i] != '[') {
+      host += first[i++];
+      continue;
+    }
+    size_t close = first.find(']', i);
+    std::string range = first.substr(i + 1, close == std::string::npos ? std::string::npos : close - i - 1);
+    host += range.substr(0, range.find_first_of(",-"));
+    i = close == std::string::npos ? first.size() : close + 1;
+  }
+  return host;
+}
+
+std::string device_for(const RankEnv& env, int visible_gpus) {
+  if (visible_gpus <= 0) return "cpu";
+  int needed = std::max(env.local_world_size, env.local_rank + 1);
+  if (needed > visible_gpus)
+    throw SetupError(std::to_string(needed) + " ranks on this node but only " +
+                     std::to_string(visible_gpus) +
+                     " GPU(s) visible (check --gres/--ntasks-per-node and CUDA_VISIBLE_DEVICES): "
+                     "start at most one rank per GPU");
+  return "cuda:" + std::to_string(env.local_rank);
 }
 
 int port_for_job(long job_id) { return 20000 + static_cast<int>(job_id % 10000); }
@@ -57,7 +78,13 @@ RankEnv read_rank_env(const EnvLookup& env) {
     else missing += std::string(missing.empty() ? "" : ", ") + v;
   }
 
-  if (present > 0 && present < 5) {
+  // A job script that calls a plain `srun` may export MASTER_ADDR/MASTER_PORT alone (sbatch/
+  // does: the InfiniBand address, a port from the job id); rank and world size then come from
+  // SLURM_* below. That is not a half-set torchrun environment.
+  const bool srun_with_master = has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS") &&
+                                !has(env, "RANK") && !has(env, "LOCAL_RANK") &&
+                                !has(env, "WORLD_SIZE");
+  if (present > 0 && present < 5 && !srun_with_master) {
     // A half-set environment is the classic "forgot to export one variable" mistake: refuse it
     // instead of guessing, because a guess (world size 1) silently trains alone.
     throw SetupError("partial rank environment: " + missing +

@@ -38,6 +38,11 @@ using EnvLookup = std::function<const char*(const char*)>;
 RankEnv read_rank_env(const EnvLookup& getenv);
 RankEnv read_rank_env();  // from the real environment
 
+// The device this rank drives: "cuda:<local_rank>" when GPUs are visible (one rank per GPU, so
+// the ranks of a node never share one), "cpu" when there are none. More ranks on the node than
+// visible GPUs is a SetupError: two ranks on one GPU would silently halve its speed.
+std::string device_for(const RankEnv& env, int visible_gpus);
+
 // "jwb[0012-0015,0020],login1" -> "jwb0012": the first host of a Slurm node list, without
 // needing `scontrol show hostnames` (which is not there inside every container).
 std::string first_host(const std::string& nodelist);

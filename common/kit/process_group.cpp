@@ -10,6 +10,7 @@ namespace kit {
 struct Work::Impl {
   compat::WorkPtr work;
   std::vector<torch::Tensor> tensors;
+  torch::Tensor flat;    // defined: `tensors` travel packed in this one buffer (see all_reduce_async)
   double divide_by = 0;  // > 0: this was an AVG done as SUM
 };
 
@@ -44,8 +45,16 @@ void Work::wait() {
   } catch (const std::exception& e) {
     throw CommError("collective failed (a rank died or timed out?): " + first_line(e.what()));
   }
-  if (impl_->divide_by > 0)
+  if (impl_->flat.defined()) {
+    if (impl_->divide_by > 0) impl_->flat.div_(impl_->divide_by);
+    int64_t at = 0;
+    for (auto& t : impl_->tensors) {
+      t.copy_(impl_->flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  } else if (impl_->divide_by > 0) {
     for (auto& t : impl_->tensors) t.div_(impl_->divide_by);
+  }
 }
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::string backend)
@@ -58,8 +67,22 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
   bool emulate_avg = op == ReduceOp::AVG && backend_ == "gloo" && !compat::kGlooHasAvg;
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
+  // c10d reads a list of tensors as "one tensor per local GPU": they must all have one shape,
+  // and it reduces over the list too ({a, b} would come back as a + b in both). Several tensors
+  // therefore travel packed in one flat buffer, unpacked in wait().
+  std::vector<torch::Tensor> send = tensors;
+  if (tensors.size() > 1) {
+    std::vector<torch::Tensor> parts;
+    for (auto& t : tensors) {
+      if (t.scalar_type() != tensors[0].scalar_type() || t.device() != tensors[0].device())
+        throw CommError("all_reduce: the tensors of one call must share one dtype and device");
+      parts.push_back(t.detach().reshape(-1));
+    }
+    w->flat = torch::cat(parts);
+    send = {w->flat};
+  }
   try {
-    w->work = impl_->backend->allreduce(tensors, opts);
+    w->work = impl_->backend->allreduce(send, opts);
   } catch (const std::exception& e) {
     throw CommError("all_reduce failed: " + first_line(e.what()));
   }

@@ -13,6 +13,7 @@
 
 #include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
+#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
 #include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
 // TODO 1: Include kit/distributed.h and kit/ddp.h. C++ LibTorch has no torch.distributed module;
@@ -23,7 +24,7 @@ using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 // One pass over the training data. Returns the mean training loss of the pass.
 torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
-                              int64_t max_steps) {
+                              int64_t epoch, int64_t max_steps, kit::Metrics& metrics) {
   model->train();
   auto total = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t steps = 0;
@@ -34,6 +35,7 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
     loss.backward();
     optimizer.step();
     total += loss.detach();  // stays on the device: no GPU -> CPU copy in the hot loop
+    metrics.step(epoch, loss);
     if (++steps == max_steps) break;
   }
   auto mean = total / static_cast<double>(steps);
@@ -103,12 +105,15 @@ int main(int argc, char** argv) {
   //         of all ranks in every backward pass, so that all copies stay identical. The wrapper
   //         must stay alive for the whole training.
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
+  kit::Metrics metrics(args.out_dir, args.batch_size);
 
   double best_val_loss = std::numeric_limits<double>::infinity();
   for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
     // TODO 9: Tell train_sampler which epoch starts. Its shuffle is seeded with seed + epoch; without
     //         this call every epoch visits the samples in the same order.
-    double train_loss = train_one_epoch(model, train_loader, optimizer, device, args.max_steps).item<double>();
+    double train_loss =
+        train_one_epoch(model, train_loader, optimizer, device, epoch, args.max_steps, metrics)
+            .item<double>();
     double val_loss = evaluate(model, val_loader, device).item<double>();
     // TODO 11: Print with kit::print0 in place of std::printf (same arguments). Every rank runs this
     //          line; print0 prints it once, from rank 0, instead of once per rank.

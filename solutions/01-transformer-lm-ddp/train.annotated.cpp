@@ -13,6 +13,7 @@
 
 #include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
+#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
 #include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
 //@ todo 1
@@ -28,7 +29,7 @@ using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 // One pass over the training data. Returns the mean training loss of the pass.
 torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
-                              int64_t max_steps) {
+                              int64_t epoch, int64_t max_steps, kit::Metrics& metrics) {
   model->train();
   auto total = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t steps = 0;
@@ -39,6 +40,7 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
     loss.backward();
     optimizer.step();
     total += loss.detach();  // stays on the device: no GPU -> CPU copy in the hot loop
+    metrics.step(epoch, loss);
     if (++steps == max_steps) break;
   }
   auto mean = total / static_cast<double>(steps);
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
   kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients
   //@ end
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
+  kit::Metrics metrics(args.out_dir, args.batch_size);
 
   double best_val_loss = std::numeric_limits<double>::infinity();
   for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
@@ -154,7 +157,9 @@ int main(int argc, char** argv) {
     //@ solution
     train_sampler.set_epoch(epoch);
     //@ end
-    double train_loss = train_one_epoch(model, train_loader, optimizer, device, args.max_steps).item<double>();
+    double train_loss =
+        train_one_epoch(model, train_loader, optimizer, device, epoch, args.max_steps, metrics)
+            .item<double>();
     double val_loss = evaluate(model, val_loader, device).item<double>();
     //@ todo 11
     //@ | Print with kit::print0 in place of std::printf (same arguments). Every rank runs this

@@ -1,0 +1,46 @@
+// kit/metrics.cpp — metrics.csv and progress lines (see metrics.h).
+#include "kit/metrics.h"
+
+#include "kit/distributed.h"
+
+namespace kit {
+
+Metrics::Metrics(const std::string& out_dir, int64_t batch_size, double progress_every_s)
+    : batch_size_(batch_size), every_s_(progress_every_s) {
+  start_ = last_step_ = last_line_ = std::chrono::steady_clock::now();
+  if (get_rank() != 0) return;
+  std::string path = out_dir + "/metrics.csv";
+  csv_ = std::fopen(path.c_str(), "w");
+  if (csv_ == nullptr) throw std::runtime_error("cannot write " + path);
+  std::fprintf(csv_, "step,epoch,loss,samples_per_s,ranks,elapsed_s\n");
+}
+
+Metrics::~Metrics() {
+  if (csv_) std::fclose(csv_);
+}
+
+void Metrics::step(int64_t epoch, const torch::Tensor& loss) {
+  ++steps_;
+  if (csv_ == nullptr) return;
+  auto now = std::chrono::steady_clock::now();
+  double dt = std::chrono::duration<double>(now - last_step_).count();
+  double elapsed = std::chrono::duration<double>(now - start_).count();
+  last_step_ = now;
+  int ranks = get_world_size();
+  double rate = dt > 0 ? static_cast<double>(batch_size_ * ranks) / dt : 0.0;
+  double value = loss.item<double>();
+  std::fprintf(csv_, "%ld,%ld,%.6f,%.1f,%d,%.3f\n", steps_, epoch + 1, value, rate, ranks, elapsed);
+  // A line every few seconds: long runs show they are alive, short ones stay quiet.
+  double since = std::chrono::duration<double>(now - last_line_).count();
+  if (since >= every_s_) {
+    double avg_rate = static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * ranks) / since;
+    std::printf("  epoch %ld, step %ld: loss %.4f, %.0f samples/s, %.0f s elapsed\n", epoch + 1,
+                steps_, value, avg_rate, elapsed);
+    std::fflush(stdout);
+    last_line_ = now;
+    steps_at_last_line_ = steps_;
+    std::fflush(csv_);
+  }
+}
+
+}  // namespace kit

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Runs the student check (common/tools/check.py) on one build of an exercise and asserts that
+exactly the TODOs of that stage pass: stage k passes TODOs 1..k (a pair "2-3" counts from 2) and
+fails every later one by name; the final loss matches the solution's only from the last stage on.
+Stage 0 is the unmodified exercise.
+
+usage: expect_stage.py EXERCISE STAGE -- <check.py arguments>
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv):
+    ex, stage, rest = argv[0], int(argv[1]), argv[3:]
+    todos = json.loads(subprocess.check_output(
+        [sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "todos", ex, "--json"]))
+    code_todos = [t for t in todos if t["lang"] == "cpp"]
+    last = max(t["last"] for t in code_todos)
+    labels = {t["todo"]: t["first"] for t in code_todos}
+    want_pass = {l for l, first in labels.items() if first <= stage} | ({"all"} if stage >= last else set())
+    want_fail = (set(labels) | {"all"}) - want_pass
+
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/check.py"),
+                        "--exercise", ex] + rest, capture_output=True, text=True)
+    sys.stdout.write(p.stdout + p.stderr)
+    lines = dict(l.split(": ", 1) for l in p.stdout.splitlines() if l.startswith(("passed: ", "failed: ")))
+    got_pass = set(lines.get("passed", "-").split(",")) - {"-"}
+    got_fail = set(lines.get("failed", "-").split(",")) - {"-"}
+    errors = []
+    if "passed" not in lines:
+        errors.append(f"the check did not finish (exit {p.returncode})")
+    if got_pass != want_pass:
+        errors.append(f"passing TODOs {sorted(got_pass)}, expected {sorted(want_pass)}")
+    if got_fail != want_fail:
+        errors.append(f"failing TODOs {sorted(got_fail)}, expected {sorted(want_fail)}")
+    if want_fail and p.returncode == 0:
+        errors.append("the check exited 0 although TODOs are missing")
+    if not want_fail and p.returncode != 0:
+        errors.append(f"the check exited {p.returncode} although everything is done")
+    for todo in want_fail - {"all"}:  # each missing TODO is named on a line of its own
+        if not any(l.strip().startswith(f"\u2718 TODO {todo} ") for l in p.stdout.splitlines()):
+            errors.append(f"no \u2718 line names TODO {todo}")
+    for e in errors:
+        print(f"FAIL stage {stage}: {e}")
+    if not errors:
+        print(f"OK stage {stage}: passes {sorted(want_pass)}, fails {sorted(want_fail)}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
