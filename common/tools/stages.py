@@ -21,6 +21,17 @@ A TODO may have several blocks (TODO 10 averages three losses at three places). 
 blocks is common to all renderings. A block labelled "a-b" counts as done from stage a on, so
 every stage compiles.
 
+A file may also hold variant blocks: lines that differ between the solution FILE and all the
+others (exercise and stage checkpoints) but belong to no TODO, e.g. which build a job script runs:
+
+    #@ variant
+    <lines>                         in the exercise and in every stage checkpoint
+    #@ solution
+    <lines>                         in the solution file only
+    #@ end
+
+Variant blocks are not TODOs: `todos` and `count` do not list them.
+
 Commands:
   stages.py check                     committed exercise/solution files equal the rendering
   stages.py write                     re-render the committed exercise/solution files
@@ -79,13 +90,14 @@ def parse(path):
             continue
         indent, leader, body = m.groups()
         word = body.split()[0] if body.split() else ""
-        if word == "todo":
+        if word in ("todo", "variant"):
             if block is not None:
                 raise AnnotationError(f"{path}:{n}: TODO block opened inside another")
-            label = body.split()[1]
-            lo, _, hi = label.partition("-")
+            label = body.split()[1] if word == "todo" else "variant"
+            lo, _, hi = label.partition("-") if word == "todo" else ("0", "", "")
             block = {"label": label, "first": int(lo), "last": int(hi or lo), "indent": indent,
-                     "leader": leader, "text": [], "exercise": [], "solution": [], "line": n}
+                     "leader": leader, "text": [], "exercise": [], "solution": [], "line": n,
+                     "variant": word == "variant"}
             where = "exercise"
         elif body.startswith("|"):
             if block is None or where != "exercise" or block["exercise"]:
@@ -117,12 +129,16 @@ def todo_comment(block):
     return [l.rstrip() for l in out]
 
 
-def render(parts, stage):
-    """The file as it is at `stage` (0 = exercise). Returns (lines, {block index: first line})."""
+def render(parts, stage, solution_file=False):
+    """The file as it is at `stage` (0 = exercise). Returns (lines, {block index: first line}).
+    solution_file: render the solution file (the last stage, with the variant blocks' solution)."""
     out, where = [], {}
     for kind, item in parts:
         if kind == "line":
             out.append(item)
+            continue
+        if item["variant"]:
+            out.extend(item["solution"] if solution_file else item["exercise"])
             continue
         if stage >= item["first"]:
             where[id(item)] = len(out) + 1
@@ -141,19 +157,19 @@ def last_stage(info, only=None):
         if only and os.path.basename(f["exercise"]) != only:
             continue
         for kind, item in parse(os.path.join(ROOT, f["source"])):
-            if kind == "block":
+            if kind == "block" and not item["variant"]:
                 last = max(last, item["last"])
     return last
 
 
-def rendered_files(ex, stage):
+def rendered_files(ex, stage, solution_file=False):
     info = load_info(ex)
     final = last_stage(info)
     if not 0 <= stage <= final:
         raise AnnotationError(f"stage {stage} is out of range for {ex}: stages are 0..{final}")
     result = []
     for f in info["files"]:
-        lines, _ = render(parse(os.path.join(ROOT, f["source"])), stage)
+        lines, _ = render(parse(os.path.join(ROOT, f["source"])), stage, solution_file)
         result.append((f, "\n".join(lines) + "\n"))
     return result
 
@@ -165,7 +181,7 @@ def todos(ex):
         parts = parse(os.path.join(ROOT, f["source"]))
         _, where = render(parts, 0)
         for kind, item in parts:
-            if kind != "block":
+            if kind != "block" or item["variant"]:
                 continue
             code = item["solution"]
             pad = min((len(l) - len(l.lstrip()) for l in code if l.strip()), default=0)
@@ -186,7 +202,7 @@ def cmd_check_or_write(write):
         info = load_info(ex)
         final = last_stage(info)
         for stage, key in ((0, "exercise"), (final, "solution")):
-            for f, text in rendered_files(ex, stage):
+            for f, text in rendered_files(ex, stage, key == "solution"):
                 path = os.path.join(ROOT, f[key])
                 old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
                 if old == text:

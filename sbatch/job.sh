@@ -1,0 +1,218 @@
+# shellcheck shell=bash disable=SC2034  # the KIT_* variables are for the job scripts
+# sbatch/job.sh: the checks and settings that every job script of the kit shares. The job
+# scripts (sbatch/<exercise>/*.sbatch) source it; it is not a program of its own.
+#
+#   kit_job_init NAME   checks the job and sets the KIT_* variables below, or stops the job with
+#                       one line on stderr (in the job's %x-%j.err file) saying what to do:
+#                         * the site profile KIT_SITE does not exist;
+#                         * the program is not built;
+#                         * the data is not staged (compute nodes have no internet);
+#                         * the job has no GPU, or more tasks per node were requested than GPUs;
+#                         * fewer CPUs than tasks on a node.
+#                       Then it runs the site profile's kit_site_env (modules, network settings).
+#   kit_gpu_ids         "0,1,2,3": the GPUs of this node as CUDA numbers them in this job.
+#   kit_first_node      the first host name of the job's node list: where rank 0 runs.
+#   kit_master_addr     the address of kit_first_node that the other nodes should use; the site
+#                       profile decides (InfiniBand name on JSC systems, else the host name).
+#   kit_job_port        the rendezvous port of this job: $KIT_MASTER_PORT if set, else
+#                       20000 + SLURM_JOB_ID % 10000 (the same as kit::port_for_job in common/).
+#   kit_show_job        prints what is about to run (node list, GPUs, tasks, rendezvous).
+#
+# Variables that kit_job_init sets:
+#   KIT_PROGRAM        the trainer: $KIT_BUILD/bin/NAME (or $KIT_PROGRAM as given by you)
+#   KIT_DATA           the data folder: $KIT_DATA_DIR, else $WIKITEXT2_DIR, else
+#                      $HOME/data/wikitext-2 (the download script's default)
+#   KIT_OUT            where the trainer writes metrics.csv and the models:
+#                      $KIT_OUT_DIR, else runs/<job name>-<job id> in the folder you submitted from
+#   KIT_GPUS_PER_NODE  the GPUs this job has on each node (from --gres)
+#   KIT_TASKS_PER_NODE one task per GPU, or fewer when you ask for fewer (--ntasks-per-node)
+#   KIT_NTASKS         KIT_TASKS_PER_NODE x the number of nodes
+#   KIT_CPUS_PER_TASK  the job's CPUs on a node divided by the tasks on it
+#
+# Settings you may pass in the environment of sbatch (sbatch forwards your environment):
+#   KIT_SITE           the site profile, sbatch/sites/$KIT_SITE.sh (default: generic)
+#   KIT_ROOT           the kit's folder (default: the folder you submitted from, or a parent)
+#   KIT_BUILD          the build folder (default: $KIT_ROOT/build)
+#   KIT_PROGRAM        another trainer to run, e.g. a stage checkpoint: a path, or a name in
+#                      $KIT_BUILD/bin
+#   KIT_DATA_DIR, KIT_OUT_DIR, KIT_MASTER_PORT   see above
+
+kit_die() {
+  printf '%s: error: %s\n' "${KIT_JOB_NAME:-${SLURM_JOB_NAME:-job}}" "$*" >&2
+  exit 1
+}
+
+kit_say() { printf '%s: %s\n' "${KIT_JOB_NAME:-${SLURM_JOB_NAME:-job}}" "$*"; }
+
+# "jwb[0012-0015,0020],login1" -> "jwb0012" without scontrol (the rule of kit::first_host).
+kit_first_of_nodelist() {
+  local list=$1 first='' c depth=0 i pre rest inner
+  for ((i = 0; i < ${#list}; i++)); do
+    c=${list:i:1}
+    case $c in
+      '[') depth=$((depth + 1)) ;;
+      ']') depth=$((depth - 1)) ;;
+      ,) [ "$depth" -eq 0 ] && break ;;
+    esac
+    first+=$c
+  done
+  # Every "[a-b,c]" becomes its first value "a" (zero padding kept).
+  while [[ $first == *\[*\]* ]]; do
+    pre=${first%%\[*} rest=${first#*\[}
+    inner=${rest%%\]*} rest=${rest#*\]}
+    first=$pre${inner%%[,-]*}$rest
+  done
+  printf '%s\n' "$first"
+}
+
+kit_first_node() {
+  local list=${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}} hosts
+  [ -n "$list" ] || kit_die "SLURM_JOB_NODELIST is not set: is this a Slurm job?"
+  if hosts=$(scontrol show hostnames "$list" 2>/dev/null) && [ -n "$hosts" ]; then
+    printf '%s\n' "${hosts%%$'\n'*}"
+  else
+    kit_first_of_nodelist "$list"
+  fi
+}
+
+# The site profile may define kit_site_master_addr HOST; without it, the host name is the address.
+kit_master_addr() {
+  local host
+  host=$(kit_first_node) || exit 1
+  if declare -F kit_site_master_addr >/dev/null; then
+    kit_site_master_addr "$host"
+  else
+    printf '%s\n' "$host"
+  fi
+}
+
+kit_job_port() {
+  if [ -n "${KIT_MASTER_PORT:-}" ]; then
+    case $KIT_MASTER_PORT in
+      *[!0-9]*) kit_die "KIT_MASTER_PORT='$KIT_MASTER_PORT' is not a port number" ;;
+    esac
+    printf '%s\n' "$KIT_MASTER_PORT"
+  else
+    # Derived from the job id: two jobs sharing a node get different ports, and 20000-29999 lies
+    # below the Linux ephemeral range (32768-60999), where outgoing connections take theirs.
+    printf '%s\n' "$((20000 + SLURM_JOB_ID % 10000))"
+  fi
+}
+
+# The GPUs as Slurm numbered them for the job at its start, when that list has the right length,
+# else 0..G-1.
+kit_gpu_ids() {
+  local ids=${KIT_SLURM_GPU_IDS:-} n=0 i
+  if [ -n "$ids" ]; then
+    n=$(($(printf '%s' "$ids" | tr -cd , | wc -c) + 1))
+  fi
+  if [ "$n" -ne "${KIT_GPUS_PER_NODE:-0}" ]; then
+    ids=0
+    for ((i = 1; i < KIT_GPUS_PER_NODE; i++)); do ids+=",$i"; done
+  fi
+  printf '%s\n' "$ids"
+}
+
+# The site profile's kit_site_env (modules, network settings), in a batch shell: `module` may
+# need initialising there, and module scripts do not survive `set -eu`. On failure the profile
+# has printed its one line; the job stops.
+kit_run_site_env() {
+  declare -F kit_site_env >/dev/null || return 0
+  local rc=0 init
+  set +eu
+  if ! declare -F module >/dev/null; then
+    for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh "${LMOD_PKG:-/nonexistent}/init/bash"; do
+      # shellcheck disable=SC1090
+      [ -f "$init" ] && . "$init" && break
+    done
+  fi
+  kit_site_env || rc=$?
+  set -eu
+  [ "$rc" -eq 0 ] || exit 1
+}
+
+kit_job_init() {
+  local name=$1
+  KIT_JOB_NAME=${SLURM_JOB_NAME:-$name}
+
+  KIT_SITE=${KIT_SITE:-generic}
+  local profile=$KIT_ROOT/sbatch/sites/$KIT_SITE.sh known f
+  if [ ! -f "$profile" ]; then
+    known=
+    for f in "$KIT_ROOT"/sbatch/sites/*.sh; do
+      f=${f##*/}
+      known+=" ${f%.sh}"
+    done
+    kit_die "unknown site KIT_SITE=$KIT_SITE: no $profile (known sites:$known)"
+  fi
+  # shellcheck disable=SC1090
+  . "$profile"
+
+  KIT_BUILD=${KIT_BUILD:-$KIT_ROOT/build}
+  case ${KIT_PROGRAM:-} in
+    '') KIT_PROGRAM=$KIT_BUILD/bin/$name ;;
+    */*) ;;
+    *) KIT_PROGRAM=$KIT_BUILD/bin/$KIT_PROGRAM ;;
+  esac
+  [ -x "$KIT_PROGRAM" ] ||
+    kit_die "$KIT_PROGRAM is not built: build it on the login node with" \
+      "'cmake --build $KIT_BUILD --target ${KIT_PROGRAM##*/}' (configure first as the README" \
+      "says under 'On the cluster'), or set KIT_BUILD to your build folder"
+
+  KIT_DATA=${KIT_DATA_DIR:-${WIKITEXT2_DIR:-${HOME:-}/data/wikitext-2}}
+  local split
+  for split in train valid test; do
+    [ -s "$KIT_DATA/wiki.$split.tokens" ] ||
+      kit_die "the data is not staged: $KIT_DATA/wiki.$split.tokens is missing; compute nodes" \
+        "have no internet, so on the login node run" \
+        "'$KIT_ROOT/common/data/download_wikitext2.sh $KIT_DATA' (or set KIT_DATA_DIR)"
+  done
+
+  # GPUs: what --gres gave this job on each node.
+  KIT_SLURM_GPU_IDS=${CUDA_VISIBLE_DEVICES:-}
+  KIT_GPUS_PER_NODE=${SLURM_GPUS_ON_NODE:-}
+  if [ -z "$KIT_GPUS_PER_NODE" ] && [ -n "$KIT_SLURM_GPU_IDS" ]; then
+    KIT_GPUS_PER_NODE=$(($(printf '%s' "$KIT_SLURM_GPU_IDS" | tr -cd , | wc -c) + 1))
+  fi
+  case ${KIT_GPUS_PER_NODE:-0} in
+    '' | *[!0-9]* | 0)
+      kit_die "this job has no GPU: request them with '#SBATCH --gres=gpu:N' (or sbatch --gres=gpu:N)"
+      ;;
+  esac
+
+  # Tasks: one per GPU. Fewer if you asked for fewer; more is an error (two ranks on one GPU).
+  local nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}} asked=
+  if [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then
+    asked=$SLURM_NTASKS_PER_NODE
+  elif [ -n "${SLURM_NTASKS:-}" ]; then
+    asked=$(((SLURM_NTASKS + nodes - 1) / nodes))
+  fi
+  if [ -n "$asked" ] && [ "$asked" -gt "$KIT_GPUS_PER_NODE" ]; then
+    kit_die "$asked tasks per node requested but only $KIT_GPUS_PER_NODE GPU(s) per node:" \
+      "start one task per GPU (lower --ntasks-per-node/--ntasks or raise --gres=gpu:N)"
+  fi
+  KIT_TASKS_PER_NODE=${asked:-$KIT_GPUS_PER_NODE}
+  KIT_NTASKS=$((KIT_TASKS_PER_NODE * nodes))
+
+  local cpus=${SLURM_CPUS_ON_NODE:-1}
+  case $cpus in *[!0-9]* | '') cpus=1 ;; esac
+  KIT_CPUS_PER_TASK=$((cpus / KIT_TASKS_PER_NODE))
+  [ "$KIT_CPUS_PER_TASK" -ge 1 ] ||
+    kit_die "only $cpus CPU(s) per node for $KIT_TASKS_PER_NODE tasks:" \
+      "request CPUs with --cpus-per-gpu=N (or SBATCH_CPUS_PER_GPU)"
+
+  KIT_OUT=${KIT_OUT_DIR:-${SLURM_SUBMIT_DIR:-.}/runs/${SLURM_JOB_NAME:-$name}-${SLURM_JOB_ID:-0}}
+  mkdir -p "$KIT_OUT" || kit_die "cannot create the output folder $KIT_OUT (set KIT_OUT_DIR)"
+
+  kit_run_site_env
+}
+
+kit_show_job() {
+  kit_say "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s)" \
+    "${SLURM_JOB_NODELIST:-?}, site $KIT_SITE"
+  kit_say "GPUs per node: $KIT_GPUS_PER_NODE allocated," \
+    "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-(unset)}"
+  kit_say "rendezvous: MASTER_ADDR=${MASTER_ADDR:-(unset)} MASTER_PORT=${MASTER_PORT:-(unset)}"
+  kit_say "program: $KIT_PROGRAM"
+  kit_say "data: $KIT_DATA, output: $KIT_OUT"
+}

@@ -1,0 +1,30 @@
+# shellcheck shell=bash
+# Site profile "perlmutter": NERSC Perlmutter, GPU nodes (4 A100 per node, Slingshot network).
+#
+# On the login node, once per shell:
+#     export SBATCH_ACCOUNT=m1234              # your NERSC project
+#     source sbatch/sites/perlmutter.sh        # GPU nodes (-C gpu), QOS regular
+#     kit_site_env                             # the modules, to build with the same LibTorch
+# then:
+#     sbatch sbatch/01-transformer-lm-ddp/run.sbatch
+# Short test runs: export SBATCH_QOS=debug.
+#
+# Overrides: KIT_MODULES (default below), SBATCH_QOS, SBATCH_CONSTRAINT.
+# The host names (nid...) resolve to the high-speed network, so they serve as MASTER_ADDR.
+# See sbatch/sites/generic.sh for how a site profile works.
+
+export KIT_SITE=perlmutter
+: "${SBATCH_CONSTRAINT:=gpu}"
+: "${SBATCH_QOS:=regular}"
+export SBATCH_CONSTRAINT SBATCH_QOS
+# NERSC's pytorch module brings LibTorch with CUDA and NCCL (and NCCL's Slingshot plugin).
+: "${KIT_MODULES:=pytorch cmake}"
+
+kit_site_env() {
+  # shellcheck disable=SC2086  # a list of module names
+  module load $KIT_MODULES >/dev/null 2>&1 || {
+    echo "site $KIT_SITE: 'module load $KIT_MODULES' failed: check the names with 'module avail pytorch' and set KIT_MODULES" >&2
+    return 1
+  }
+  return 0
+}

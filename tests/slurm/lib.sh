@@ -1,0 +1,190 @@
+# shellcheck shell=bash disable=SC2034  # the variables are for the test scripts
+# tests/slurm/lib.sh: what the Slurm tests share. Sourced by tests/slurm/test_*.sh.
+#
+#   boot_cluster            start a throw-away cluster (cluster.sh) in a temporary folder and
+#                           stop it on exit, whatever happens (EXIT trap); exports SLURM_CONF
+#   submit DIR SCRIPT [SBATCH OPTIONS...] [-- SCRIPT ARGS...]
+#                           sbatch SCRIPT from DIR with the local site profile, wait until the
+#                           job has ended; sets JOB, STATE (COMPLETED, FAILED...), OUT and ERR
+#                           (the paths of the job's %x-%j.out and %x-%j.err). JOB_SITE,
+#                           JOB_BUILD, JOB_DATA replace KIT_SITE (local), KIT_BUILD, KIT_DATA_DIR.
+#   check NAME COMMAND...   run COMMAND; print "ok NAME" or "FAIL NAME" (and count failures)
+#   finish                  print a summary; the exit status is 1 if any check failed
+#
+# Environment (CTest passes these; the defaults suit a build in ./build):
+#   KIT_ROOT       the kit's folder                          (default: two levels up)
+#   KIT_BUILD      the build folder with bin/ex01-* and bin/ddprun   (default: $KIT_ROOT/build)
+#   KIT_TEST_DATA  the corpus the trainers read              (default: $KIT_BUILD/data/wikitext-2)
+
+TESTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=${KIT_ROOT:-$(cd "$TESTS_DIR/../.." && pwd)}
+BUILD=${KIT_BUILD:-$ROOT/build}
+DATA=${KIT_TEST_DATA:-$BUILD/data/wikitext-2}
+SBATCH_DIR=$ROOT/sbatch/01-transformer-lm-ddp
+# Small and quick: 8 ranks share two real cores.
+QUICK=(--epochs 1 --max-steps 5 --d-model 32 --layers 1 --seq-len 16)
+JOB_TIMEOUT=${KIT_SLURM_JOB_TIMEOUT:-240}   # seconds a test waits for one job
+FAILED=0
+export OMP_NUM_THREADS=1   # the jobs (local profile) and ddprun alike
+CLUSTER=
+# Whatever the caller has from a real Slurm job must not leak into the jobs or into ddprun.
+unset SLURM_JOB_ID SLURM_JOBID SLURM_PROCID SLURM_LOCALID SLURM_NTASKS SLURM_NTASKS_PER_NODE \
+  SLURM_JOB_NODELIST SLURM_NODELIST SLURM_CPUS_PER_TASK RANK LOCAL_RANK WORLD_SIZE \
+  MASTER_ADDR MASTER_PORT CUDA_VISIBLE_DEVICES KIT_MASTER_PORT KIT_PROGRAM KIT_OUT_DIR
+while IFS= read -r var; do unset "$var"; done < <(env | sed -n 's/^\(SBATCH_[A-Z_]*\)=.*/\1/p')
+
+say() { printf '%s\n' "$*"; }
+
+check() {
+  local name=$1
+  shift
+  if "$@"; then
+    say "ok   $name"
+  else
+    say "FAIL $name"
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+finish() {
+  if [ "$FAILED" -eq 0 ]; then
+    say "all checks passed"
+    exit 0
+  fi
+  say "$FAILED check(s) failed"
+  exit 1
+}
+
+need_build() {
+  local f
+  for f in "$BUILD/bin/ex01-solution" "$BUILD/bin/ex01-exercise" "$BUILD/bin/ddprun" \
+           "$DATA/wiki.train.tokens"; do
+    [ -e "$f" ] || { say "missing $f: build the kit first (targets ex01-solution ex01-exercise ddprun corpus)"; exit 1; }
+  done
+}
+
+stop_cluster() {
+  [ -n "$CLUSTER" ] || return 0
+  # Jobs first (their steps are not children of this shell), then the daemons.
+  scancel --quiet --full --user=root 2>/dev/null || true
+  "$TESTS_DIR/cluster.sh" stop "$CLUSTER"
+  if [ "${KIT_SLURM_KEEP:-0}" = 1 ]; then
+    say "kept $CLUSTER"
+  else
+    rm -rf "$CLUSTER"
+  fi
+  CLUSTER=
+}
+
+boot_cluster() {
+  need_build
+  CLUSTER=$(mktemp -d "${TMPDIR:-/tmp}/kit-slurm.XXXXXX")
+  trap stop_cluster EXIT
+  trap 'exit 130' INT TERM
+  local rc=0
+  "$TESTS_DIR/cluster.sh" start "$CLUSTER" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    say "the test cluster did not start (logs: $CLUSTER/log)"
+    KIT_SLURM_KEEP=1
+    exit "$rc"
+  fi
+  SLURM_CONF=$("$TESTS_DIR/cluster.sh" conf "$CLUSTER")
+  export SLURM_CONF
+}
+
+# job_field NAME: the value of NAME= in `scontrol show job $JOB`.
+job_field() {
+  scontrol -o show job "$JOB" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
+}
+
+submit() {
+  local dir=$1 script=$2
+  shift 2
+  local opts=() args=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  args=("$@")
+  mkdir -p "$dir"
+  JOB=$(cd "$dir" && KIT_SITE=${JOB_SITE:-local} KIT_ROOT=$ROOT KIT_BUILD=${JOB_BUILD:-$BUILD} \
+        KIT_DATA_DIR=${JOB_DATA:-$DATA} sbatch --parsable "${opts[@]}" "$script" "${args[@]}") ||
+    { STATE=SUBMIT_FAILED; return 1; }
+  JOB=${JOB%%;*}
+  local waited=0
+  STATE=
+  while :; do
+    STATE=$(job_field JobState)
+    case $STATE in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) break ;;
+      '') STATE=GONE; break ;;
+    esac
+    if [ "$waited" -ge $((JOB_TIMEOUT * 5)) ]; then
+      scancel "$JOB" 2>/dev/null
+      STATE=TIMED_OUT_IN_TEST
+      break
+    fi
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  local name
+  name=$(job_field JobName)
+  OUT=$dir/${name:-ex01}-$JOB.out
+  ERR=$dir/${name:-ex01}-$JOB.err
+  say "job $JOB ($(basename "$script") ${opts[*]}): $STATE"
+}
+
+# show: the job's output, for the log of a failed test.
+show() {
+  say "--- $OUT"
+  cat "$OUT" 2>/dev/null
+  say "--- $ERR"
+  cat "$ERR" 2>/dev/null
+  say "---"
+}
+
+# count_lines FILE REGEX: how many lines of FILE match REGEX.
+count_lines() { grep -cE -- "$2" "$1" 2>/dev/null || true; }
+
+# expect_count N REGEX [FILE]: exactly N lines of FILE (default $OUT) match REGEX.
+expect_count() {
+  local n=$1 re=$2 file=${3:-$OUT} got
+  got=$(count_lines "$file" "$re")
+  [ "$got" -eq "$n" ] && return 0
+  say "  expected $n line(s) matching /$re/ in $(basename "$file"), got $got"
+  return 1
+}
+
+# expect_ranks W: ranks 0..W-1 each printed their line once, with local rank R % 4 on node R / 4.
+expect_ranks() {
+  local w=$1 r ok=0
+  expect_count "$w" '^rank [0-9]+ of [0-9]+: local rank [0-9]+, device ' || ok=1
+  for ((r = 0; r < w; r++)); do
+    expect_count 1 "^rank $r of $w: local rank $((r % 4)), device [a-z0-9:]+$" || ok=1
+  done
+  return "$ok"
+}
+
+# expect_rank0_once: each of rank 0's lines appears exactly once.
+expect_rank0_once() {
+  local ok=0
+  expect_count 1 '^\[1/1\] train loss [0-9.]+, validation loss [0-9.]+ \(perplexity [0-9.]+\)$' || ok=1
+  expect_count 1 '^final test loss [0-9.]+ \(perplexity [0-9.]+\)$' || ok=1
+  return "$ok"
+}
+
+expect_state() {
+  [ "$STATE" = "$1" ] && return 0
+  say "  job $JOB ended $STATE, expected $1"
+  return 1
+}
+
+# final_loss FILE: the "final test loss ..." line of FILE.
+final_loss() { grep -E '^final test loss ' "$1" 2>/dev/null | head -n 1; }
+
+# ddprun_loss N DIR: the final loss line of the same training on N local ranks (ddprun).
+ddprun_loss() {
+  local n=$1 dir=$2
+  mkdir -p "$dir/out"
+  OMP_NUM_THREADS=1 "$BUILD/bin/ddprun" --nproc-per-node "$n" -- "$BUILD/bin/ex01-solution" \
+    --data-dir "$DATA" --out-dir "$dir/out" "${QUICK[@]}" >"$dir/ddprun.out" 2>"$dir/ddprun.err"
+  final_loss "$dir/ddprun.out"
+}
