@@ -1,0 +1,712 @@
+// Unit tests of common/kit: collectives, save0, the rank environment, device choice, gradient
+// buckets and the DistributedSampler. Everything runs inside this one process: the collectives
+// use ProcessGroup::local_groups(), one std::thread per rank.
+//
+// One translation unit on purpose: each TU that includes <torch/torch.h> costs ~20 s to build.
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "kit/buckets.h"
+#include "kit/data_loader.h"
+#include "kit/distributed.h"
+#include "kit/env.h"
+#include "kit/process_group.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+// Runs fn(group) on n in-process ranks at once, one thread each. An exception on any rank fails
+// the test with the rank's number (gtest's EXPECT_* are thread-safe on Linux).
+template <typename Fn>
+void on_ranks(int n, Fn fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto groups = kit::ProcessGroup::local_groups(n, timeout);
+  ASSERT_EQ(groups.size(), static_cast<size_t>(n));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(*groups[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " threw";
+}
+
+// A fresh, empty directory under $TMPDIR, removed with everything in it at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kit-unit-XXXXXX").string();
+    char* made = ::mkdtemp(tmpl.data());
+    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = made;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path, ec);
+  }
+  std::set<std::string> names() const {  // what the directory holds, by file name
+    std::set<std::string> out;
+    for (auto& e : fs::directory_iterator(path)) out.insert(e.path().filename().string());
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Collectives on N = 2 and 4 in-process ranks
+// ---------------------------------------------------------------------------------------------
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllReduceSumAddsEveryRanksTensor) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    auto t = torch::tensor({float(r + 1), float(10 * r), float(-r)});
+    g.all_reduce(t, kit::ReduceOp::SUM);
+    const float s = n * (n + 1) / 2.0f, s10 = 10.0f * n * (n - 1) / 2.0f;
+    EXPECT_TRUE(torch::equal(t, torch::tensor({s, s10, -s10 / 10}))) << "rank " << r << ": " << t;
+    // Integers too (the sampler and the trainer's counters are int64).
+    auto i = torch::full({2, 3}, int64_t{r}, torch::kLong);
+    g.all_reduce(i, kit::ReduceOp::SUM);
+    EXPECT_TRUE(torch::equal(i, torch::full({2, 3}, int64_t{n * (n - 1) / 2}, torch::kLong)));
+  });
+}
+
+TEST_P(Collectives, AllReduceAvgIsTheMeanOverRanks) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    // A 2-D tensor: AVG must divide every element, and by the world size (not e.g. by 2).
+    auto t = torch::full({3, 2}, float(2 * (r + 1)));
+    t[1][1] = float(r == 0 ? 4 * n : 0);
+    g.all_reduce(t, kit::ReduceOp::AVG);
+    auto want = torch::full({3, 2}, float(n + 1));
+    want[1][1] = 4.0f;
+    EXPECT_TRUE(torch::allclose(t, want, 0, 1e-6)) << "rank " << r << ": " << t;
+  });
+}
+
+TEST_P(Collectives, AllReduceMaxAndMinPickTheExtremes) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    auto t = torch::tensor({float(r), float(-r), r == 1 ? 100.0f : 0.0f});
+    auto u = t.clone();
+    g.all_reduce(t, kit::ReduceOp::MAX);
+    EXPECT_TRUE(torch::equal(t, torch::tensor({float(n - 1), 0.0f, 100.0f}))) << "rank " << r << ": " << t;
+    g.all_reduce(u, kit::ReduceOp::MIN);
+    EXPECT_TRUE(torch::equal(u, torch::tensor({0.0f, float(1 - n), 0.0f}))) << "rank " << r << ": " << u;
+  });
+}
+
+TEST_P(Collectives, AllReduceAsyncReducesEveryTensorOfTheCall) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    std::vector<torch::Tensor> ts = {torch::full({4}, float(r)), torch::full({2, 2}, float(2 * r))};
+    kit::Work w = g.all_reduce_async(ts, kit::ReduceOp::AVG);
+    w.wait();
+    const float mean = (n - 1) / 2.0f;
+    EXPECT_TRUE(torch::allclose(ts[0], torch::full({4}, mean), 0, 1e-6)) << ts[0];
+    EXPECT_TRUE(torch::allclose(ts[1], torch::full({2, 2}, 2 * mean), 0, 1e-6)) << ts[1];
+    // Same shapes (e.g. a loss sum and a token count): each is reduced on its own, never mixed.
+    std::vector<torch::Tensor> pair = {torch::tensor(float(r + 1)), torch::tensor(float(10 * (r + 1)))};
+    g.all_reduce_async(pair, kit::ReduceOp::SUM).wait();
+    const float s = n * (n + 1) / 2.0f;
+    EXPECT_EQ(pair[0].item<float>(), s) << "rank " << r;
+    EXPECT_EQ(pair[1].item<float>(), 10 * s) << "rank " << r;
+  });
+}
+
+TEST_P(Collectives, BroadcastCopiesTheRootsTensorEverywhere) {
+  const int n = GetParam();
+  for (int root : {0, n - 1}) {
+    on_ranks(n, [root](kit::ProcessGroup& g) {
+      const int r = g.rank();
+      auto t = torch::arange(6, torch::kFloat).view({2, 3}) + 100.0f * r;
+      g.broadcast(t, root);
+      auto want = torch::arange(6, torch::kFloat).view({2, 3}) + 100.0f * root;
+      EXPECT_TRUE(torch::equal(t, want)) << "root " << root << ", rank " << r << ": " << t;
+    });
+  }
+}
+
+TEST_P(Collectives, BarrierWaitsForTheLastRank) {
+  const int n = GetParam();
+  std::atomic<int> arrived{0};
+  on_ranks(n, [&](kit::ProcessGroup& g) {
+    // The last rank arrives 150+ ms late; nobody may leave the barrier before it arrived.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 * g.rank()));
+    arrived++;
+    g.barrier();
+    EXPECT_EQ(arrived.load(), n) << "rank " << g.rank() << " left the barrier too early";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 4),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+// A collective that one rank never joins must end in a CommError after the group's timeout,
+// never in a hang (this is what a rank that died looks like to the others).
+TEST(CollectivesFailure, MissingPeerGivesCommErrorAfterTheTimeout) {
+  auto groups = kit::ProcessGroup::local_groups(2, std::chrono::milliseconds(1500));
+  auto start = std::chrono::steady_clock::now();
+  auto t = torch::ones({4});
+  EXPECT_THROW(groups[0]->all_reduce(t, kit::ReduceOp::SUM), kit::CommError);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 1.0);
+  EXPECT_LT(waited, 20.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// save0: atomic checkpoint writing (no process group: this process is rank 0 of 1)
+// ---------------------------------------------------------------------------------------------
+
+// Parameters of `m` as name -> tensor copies.
+std::map<std::string, torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  for (auto& b : m.named_buffers()) out[b.key()] = b.value().detach().clone();
+  return out;
+}
+
+// Loads `path` into a fresh module of the same shape and returns its state.
+std::map<std::string, torch::Tensor> load_linear(const std::string& path, int64_t in, int64_t out) {
+  torch::nn::Linear fresh(in, out);
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  fresh->load(archive);
+  return snapshot(*fresh);
+}
+
+void expect_same_state(const std::map<std::string, torch::Tensor>& a,
+                       const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  }
+}
+
+TEST(Save0, WritesACompleteLoadableFileAndNoTempFile) {
+  ASSERT_FALSE(kit::is_initialized());
+  TempDir dir;
+  torch::manual_seed(1);
+  torch::nn::Linear model(16, 32);
+  const std::string path = (dir.path / "model.pt").string();
+  kit::save0(model, path);
+  EXPECT_EQ(dir.names(), std::set<std::string>{"model.pt"});
+  expect_same_state(load_linear(path, 16, 32), snapshot(*model));
+
+  // Overwriting an existing checkpoint replaces it completely.
+  torch::manual_seed(2);
+  torch::nn::Linear other(16, 32);
+  kit::save0(other, path);
+  EXPECT_EQ(dir.names(), std::set<std::string>{"model.pt"});
+  expect_same_state(load_linear(path, 16, 32), snapshot(*other));
+}
+
+TEST(Save0, MissingDirectoryIsAnErrorAndCreatesNothing) {
+  TempDir dir;
+  torch::nn::Linear model(4, 4);
+  const fs::path missing = dir.path / "no-such-dir";
+  EXPECT_ANY_THROW(kit::save0(model, (missing / "model.pt").string()));
+  EXPECT_FALSE(fs::exists(missing));
+  EXPECT_TRUE(dir.names().empty());
+}
+
+// The disk fills up half-way through the save (simulated with RLIMIT_FSIZE, which also works
+// as root, unlike a read-only directory): save0 must fail, the previous checkpoint must survive
+// byte for byte, and the half-written temporary file must not be left behind.
+TEST(Save0, FailedSaveKeepsTheOldFileIntactAndLeavesNoTempFile) {
+  TempDir dir;
+  const std::string path = (dir.path / "model.pt").string();
+  torch::manual_seed(3);
+  torch::nn::Linear good(64, 256);  // ~66 KB of parameters
+  kit::save0(good, path);
+  const auto good_state = snapshot(*good);
+  const auto good_size = fs::file_size(path);
+  ASSERT_GT(good_size, 60000u);
+
+  torch::manual_seed(4);
+  torch::nn::Linear newer(64, 256);
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 8192;  // writes past 8 KB fail with EFBIG (SIGXFSZ ignored below)
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  bool threw = false;
+  std::string what;
+  try {
+    kit::save0(newer, path);
+  } catch (const std::exception& e) {
+    threw = true;
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+
+  EXPECT_TRUE(threw) << "save0 reported success although the file could not be written";
+  EXPECT_EQ(dir.names(), std::set<std::string>{"model.pt"}) << "save0 left files behind: " << what;
+  EXPECT_EQ(fs::file_size(path), good_size);
+  expect_same_state(load_linear(path, 64, 256), good_state);
+}
+
+// The rename at the end fails (the target name is taken by a non-empty directory): an error,
+// and the temporary file is cleaned up.
+TEST(Save0, FailedRenameIsAnErrorAndLeavesNoTempFile) {
+  TempDir dir;
+  const fs::path target = dir.path / "model.pt";
+  fs::create_directory(target);
+  { std::ofstream(target / "keep") << "x"; }
+  torch::nn::Linear model(8, 8);
+  try {
+    kit::save0(model, target.string());
+    ADD_FAILURE() << "save0 over a non-empty directory did not fail";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(target.string()), std::string::npos)
+        << "the message should name the checkpoint: " << e.what();
+  }
+  EXPECT_EQ(dir.names(), std::set<std::string>{"model.pt"});
+  EXPECT_TRUE(fs::is_directory(target));
+  EXPECT_TRUE(fs::exists(target / "keep"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// read_rank_env(): the launcher's environment
+// ---------------------------------------------------------------------------------------------
+
+using Vars = std::map<std::string, std::string>;
+
+kit::RankEnv read_env(const Vars& vars) {
+  return kit::read_rank_env([&vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+// The SetupError message read_env(vars) throws; fails the test if it throws nothing.
+std::string setup_error(const Vars& vars) {
+  try {
+    kit::RankEnv env = read_env(vars);
+    ADD_FAILURE() << "no SetupError; got rank " << env.rank << " of " << env.world_size;
+  } catch (const kit::SetupError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "not one line: " << what;
+    return what;
+  }
+  return "";
+}
+
+const Vars kTorchrun = {{"RANK", "5"},        {"LOCAL_RANK", "1"},        {"WORLD_SIZE", "8"},
+                        {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node07"}, {"MASTER_PORT", "29500"}};
+
+Vars with(Vars v, const Vars& changes) {
+  for (auto& [k, x] : changes) v[k] = x;
+  return v;
+}
+Vars without(Vars v, std::initializer_list<const char*> names) {
+  for (auto n : names) v.erase(n);
+  return v;
+}
+
+TEST(RankEnv, FullTorchrunEnvironment) {
+  kit::RankEnv e = read_env(kTorchrun);
+  EXPECT_EQ(e.launcher, "env");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "node07");
+  EXPECT_EQ(e.master_port, 29500);
+}
+
+TEST(RankEnv, TorchrunWithoutLocalWorldSizeStillHasALocalRankSlot) {
+  kit::RankEnv e = read_env(without(kTorchrun, {"LOCAL_WORLD_SIZE"}));
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_GT(e.local_world_size, e.local_rank);
+  EXPECT_LE(e.local_world_size, e.world_size);
+}
+
+TEST(RankEnv, NoLauncherIsASingleProcess) {
+  kit::RankEnv e = read_env({});
+  EXPECT_EQ(e.launcher, "none");
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.local_rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.local_world_size, 1);
+  EXPECT_EQ(e.master_port, 0);
+}
+
+// The part of a "partial rank environment" message before "not set": the missing variables.
+std::string missing_part(const std::string& msg) {
+  auto end = msg.find("not set");
+  EXPECT_NE(end, std::string::npos) << msg;
+  return msg.substr(0, end);
+}
+
+TEST(RankEnv, PartialEnvironmentNamesExactlyTheMissingVariables) {
+  std::string msg = setup_error(without(kTorchrun, {"WORLD_SIZE"}));  // RANK set, WORLD_SIZE not
+  EXPECT_NE(msg.find("WORLD_SIZE is not set"), std::string::npos) << msg;
+  for (auto present : {"LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+    EXPECT_EQ(missing_part(msg).find(present), std::string::npos) << present << " in: " << msg;
+
+  msg = setup_error({{"RANK", "0"}, {"MASTER_ADDR", "h"}});
+  std::string missing = missing_part(msg);
+  for (auto name : {"LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"})
+    EXPECT_NE(missing.find(name), std::string::npos) << name << " not named in: " << msg;
+  EXPECT_EQ(missing.find("MASTER_ADDR"), std::string::npos) << msg;
+
+  // An empty value counts as not set.
+  msg = setup_error(with(kTorchrun, {{"MASTER_PORT", ""}}));
+  EXPECT_NE(missing_part(msg).find("MASTER_PORT"), std::string::npos) << msg;
+}
+
+TEST(RankEnv, BadNumbersNameTheVariable) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"WORLD_SIZE", "abc"}, {"WORLD_SIZE", "0"},      {"WORLD_SIZE", "2x"},
+      {"RANK", "-1"},        {"RANK", " 1"},           {"LOCAL_RANK", "1.5"},
+      {"MASTER_PORT", "70000"}, {"MASTER_PORT", "0"}, {"MASTER_PORT", "29500x"},
+      {"LOCAL_WORLD_SIZE", "0"}, {"WORLD_SIZE", "99999999999999999999"}};
+  for (auto [name, value] : cases) {
+    std::string msg = setup_error(with(kTorchrun, {{name, value}}));
+    EXPECT_NE(msg.find(name), std::string::npos) << name << "=" << value << ": " << msg;
+  }
+}
+
+TEST(RankEnv, RankMustBeBelowWorldSize) {
+  std::string msg = setup_error(with(kTorchrun, {{"RANK", "8"}}));
+  EXPECT_NE(msg.find("RANK"), std::string::npos) << msg;
+  msg = setup_error(with(kTorchrun, {{"RANK", "1"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "1"},
+                                     {"LOCAL_WORLD_SIZE", "1"}}));
+  EXPECT_NE(msg.find("RANK"), std::string::npos) << msg;
+  kit::RankEnv e = read_env(with(kTorchrun, {{"RANK", "7"}}));  // the last valid rank
+  EXPECT_EQ(e.rank, 7);
+}
+
+const Vars kSlurm = {{"SLURM_PROCID", "5"},       {"SLURM_LOCALID", "1"},
+                     {"SLURM_NTASKS", "8"},       {"SLURM_NTASKS_PER_NODE", "4"},
+                     {"SLURM_JOB_NODELIST", "n[01-04]"}, {"SLURM_JOB_ID", "123456"}};
+
+TEST(RankEnv, SlurmOnlyEnvironment) {
+  kit::RankEnv e = read_env(kSlurm);
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "n01");
+  EXPECT_EQ(e.master_port, kit::port_for_job(123456));
+}
+
+TEST(RankEnv, SlurmNodelistForms) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"n[01-04]", "n01"}, {"a1,b2", "a1"}, {"x[3,5-7]", "x3"}, {"node7", "node7"},
+      {"jwb[0012-0015,0020],login1", "jwb0012"}, {"gpu-[10-12],cpu[1-2]", "gpu-10"}};
+  for (auto [list, host] : cases) {
+    EXPECT_EQ(kit::first_host(list), host) << list;
+    EXPECT_EQ(read_env(with(kSlurm, {{"SLURM_JOB_NODELIST", list}})).master_addr, host) << list;
+  }
+  // The older name of the variable is understood too.
+  Vars old = without(kSlurm, {"SLURM_JOB_NODELIST"});
+  old["SLURM_NODELIST"] = "c[7-8]";
+  EXPECT_EQ(read_env(old).master_addr, "c7");
+}
+
+// Node names may contain several numeric ranges (slurm.conf: "rack[0-63]_blade[0-41]"); the
+// first host takes the first value of every range and keeps the text between and after them.
+TEST(RankEnv, SlurmNodelistWithSeveralRangesAndASuffix) {
+  EXPECT_EQ(kit::first_host("rack[0-3]_blade[07-41]"), "rack0_blade07");
+  EXPECT_EQ(kit::first_host("n[1-2]-ib,m1"), "n1-ib");
+}
+
+TEST(RankEnv, SlurmTasksPerNodeFormsAndFallbacks) {
+  Vars v = without(kSlurm, {"SLURM_NTASKS_PER_NODE"});
+  v["SLURM_TASKS_PER_NODE"] = "4(x2)";
+  EXPECT_EQ(read_env(v).local_world_size, 4);
+  // Without any per-node count the local rank still fits.
+  kit::RankEnv e = read_env(without(kSlurm, {"SLURM_NTASKS_PER_NODE"}));
+  EXPECT_GT(e.local_world_size, e.local_rank);
+}
+
+TEST(RankEnv, SlurmWithExplicitMasterAddrAndPort) {
+  // An sbatch script that exports MASTER_ADDR/MASTER_PORT and then calls a plain `srun`: the
+  // variables win over the node list and the job-id port (env.h), and this is not a "partial"
+  // torchrun environment.
+  kit::RankEnv e = read_env(with(kSlurm, {{"MASTER_ADDR", "login3"}, {"MASTER_PORT", "23456"}}));
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.master_addr, "login3");
+  EXPECT_EQ(e.master_port, 23456);
+}
+
+TEST(RankEnv, SlurmProblemsAreSetupErrors) {
+  EXPECT_NE(setup_error(with(kSlurm, {{"SLURM_NTASKS", "eight"}})).find("SLURM_NTASKS"), std::string::npos);
+  EXPECT_NE(setup_error(with(kSlurm, {{"SLURM_PROCID", "8"}})).find("SLURM_PROCID"), std::string::npos);
+  EXPECT_NE(setup_error(without(kSlurm, {"SLURM_LOCALID"})).find("SLURM_LOCALID"), std::string::npos);
+  EXPECT_NE(setup_error(with(kSlurm, {{"SLURM_JOB_ID", "12x"}})).find("SLURM_JOB_ID"), std::string::npos);
+  EXPECT_NE(setup_error(without(kSlurm, {"SLURM_JOB_NODELIST"})).find("NODELIST"), std::string::npos);
+  EXPECT_NE(setup_error(without(kSlurm, {"SLURM_JOB_ID"})).find("SLURM_JOB_ID"), std::string::npos);
+}
+
+TEST(RankEnv, PortForJobIsStableDistinctAndOutsideTheEphemeralRange) {
+  EXPECT_EQ(kit::port_for_job(123456), kit::port_for_job(123456));
+  std::set<int> seen;
+  for (long job : {0L, 1L, 2L, 9999L, 123456L, 123457L, 2147483646L}) {
+    int p = kit::port_for_job(job);
+    EXPECT_GE(p, 1024) << job;
+    EXPECT_LT(p, 32768) << job;  // Linux's ephemeral ports start at 32768
+    seen.insert(p);
+  }
+  EXPECT_EQ(seen.size(), 7u) << "nearby job ids should get different ports";
+}
+
+// ---------------------------------------------------------------------------------------------
+// device_for()
+// ---------------------------------------------------------------------------------------------
+
+kit::RankEnv node(int local_rank, int local_world_size) {
+  kit::RankEnv e;
+  e.local_rank = local_rank;
+  e.local_world_size = local_world_size;
+  e.world_size = 16;
+  e.rank = local_rank;
+  e.launcher = "env";
+  return e;
+}
+
+TEST(DeviceFor, OneGpuPerLocalRank) {
+  EXPECT_EQ(kit::device_for(node(0, 1), 1), "cuda:0");
+  EXPECT_EQ(kit::device_for(node(0, 4), 4), "cuda:0");
+  EXPECT_EQ(kit::device_for(node(3, 4), 4), "cuda:3");
+  EXPECT_EQ(kit::device_for(node(1, 2), 8), "cuda:1");  // fewer ranks than GPUs is fine
+}
+
+TEST(DeviceFor, CpuWithoutGpus) {
+  EXPECT_EQ(kit::device_for(node(0, 1), 0), "cpu");
+  EXPECT_EQ(kit::device_for(node(3, 8), 0), "cpu");
+}
+
+TEST(DeviceFor, MoreRanksThanGpusIsASetupError) {
+  for (auto [rank, ranks, gpus] : {std::tuple{0, 4, 2}, std::tuple{3, 4, 2}, std::tuple{2, 1, 2}}) {
+    try {
+      std::string d = kit::device_for(node(rank, ranks), gpus);
+      ADD_FAILURE() << "local rank " << rank << " of " << ranks << " on " << gpus << " GPUs got " << d;
+    } catch (const kit::SetupError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(std::to_string(gpus) + " GPU"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// assign_buckets()
+// ---------------------------------------------------------------------------------------------
+
+size_t total(const std::vector<size_t>& bytes, const std::vector<size_t>& bucket) {
+  size_t s = 0;
+  for (size_t i : bucket) s += bytes[i];
+  return s;
+}
+
+TEST(AssignBuckets, EmptyModelHasNoBuckets) {
+  EXPECT_TRUE(kit::assign_buckets({}, 100, 1000).empty());
+}
+
+TEST(AssignBuckets, ReverseOrderInOneBucketWhenEverythingFits) {
+  auto b = kit::assign_buckets({10, 20, 30, 40}, 1000, 1000);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2, 1, 0}));
+}
+
+TEST(AssignBuckets, SmallFirstBucketThenCappedBuckets) {
+  std::vector<size_t> bytes(10, 100);
+  auto b = kit::assign_buckets(bytes, 250, 400);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{9, 8}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{7, 6, 5, 4}));
+  EXPECT_EQ(b[2], (std::vector<size_t>{3, 2, 1, 0}));
+}
+
+TEST(AssignBuckets, OversizeParameterGetsABucketOfItsOwn) {
+  auto b = kit::assign_buckets({10, 5000, 10, 10}, 100, 100);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{1}));
+  EXPECT_EQ(b[2], (std::vector<size_t>{0}));
+  // Oversize as the very first (last) parameter, too.
+  b = kit::assign_buckets({10, 10, 5000}, 100, 100);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{2}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{1, 0}));
+}
+
+// Properties on random models: every index exactly once, launch order = reverse parameter
+// order, caps respected (except a lone oversize parameter), and buckets are filled greedily.
+TEST(AssignBuckets, RandomModelsKeepEveryRule) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<size_t> bytes(1 + rng() % 40);
+    for (auto& x : bytes) x = 1 + rng() % (rng() % 4 == 0 ? 5000 : 300);
+    size_t first = 1 + rng() % 600, cap = 1 + rng() % 2000;
+    auto buckets = kit::assign_buckets(bytes, first, cap);
+
+    std::vector<size_t> order;
+    for (auto& b : buckets) {
+      ASSERT_FALSE(b.empty());
+      order.insert(order.end(), b.begin(), b.end());
+    }
+    std::vector<size_t> want(bytes.size());
+    std::iota(want.rbegin(), want.rend(), size_t{0});
+    ASSERT_EQ(order, want) << "trial " << trial << ": not every index once in reverse order";
+
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      size_t limit = k == 0 ? first : cap;
+      if (buckets[k].size() > 1) {
+        EXPECT_LE(total(bytes, buckets[k]), limit) << "trial " << trial;
+      }
+      if (k + 1 < buckets.size()) {  // closed only because the next parameter did not fit
+        EXPECT_GT(total(bytes, buckets[k]) + bytes[buckets[k + 1][0]], limit) << "trial " << trial;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DistributedSampler
+// ---------------------------------------------------------------------------------------------
+
+std::vector<std::vector<size_t>> shards(size_t n, int replicas, bool shuffle, uint64_t seed,
+                                        int64_t epoch = 0) {
+  std::vector<std::vector<size_t>> out;
+  for (int r = 0; r < replicas; ++r) {
+    kit::DistributedSampler s(n, shuffle, seed, replicas, r);
+    s.set_epoch(epoch);
+    EXPECT_EQ(s.num_replicas(), replicas);
+    EXPECT_EQ(s.rank(), r);
+    out.push_back(s.indices());
+  }
+  return out;
+}
+
+TEST(DistributedSampler, DisjointShardsCoverTheWholeRange) {
+  for (int replicas : {1, 2, 3, 4}) {
+    for (bool shuffle : {false, true}) {
+      const size_t n = 120;  // divisible by every replica count: no padding
+      auto parts = shards(n, replicas, shuffle, 11);
+      std::vector<int> count(n, 0);
+      for (auto& p : parts) {
+        EXPECT_EQ(p.size(), n / replicas);
+        for (size_t i : p) {
+          ASSERT_LT(i, n);
+          count[i]++;
+        }
+      }
+      for (size_t i = 0; i < n; ++i)
+        EXPECT_EQ(count[i], 1) << "index " << i << ", " << replicas << " replicas, shuffle " << shuffle;
+    }
+  }
+}
+
+TEST(DistributedSampler, PaddingGivesEveryRankTheSameLength) {
+  for (auto [n, replicas] : {std::pair<size_t, int>{103, 4}, {10, 3}, {3, 4}, {1, 2}}) {
+    kit::DistributedSampler probe(n, true, 5, replicas, 0);
+    const size_t per_rank = (n + replicas - 1) / replicas;
+    EXPECT_EQ(probe.size(), per_rank);
+    auto parts = shards(n, replicas, true, 5);
+    std::map<size_t, int> count;
+    for (auto& p : parts) {
+      EXPECT_EQ(p.size(), per_rank) << n << " samples on " << replicas;
+      for (size_t i : p) count[i]++;
+    }
+    EXPECT_EQ(count.size(), n) << "every sample is used";
+    int extra = 0;
+    for (auto& [i, c] : count) {
+      EXPECT_LT(i, n);
+      extra += c - 1;
+    }
+    EXPECT_EQ(extra, static_cast<int>(per_rank * replicas - n)) << "only the padding repeats";
+  }
+}
+
+TEST(DistributedSampler, NoShuffleIsInOrder) {
+  auto parts = shards(10, 3, false, 99);
+  EXPECT_EQ(parts[0], (std::vector<size_t>{0, 3, 6, 9}));
+  EXPECT_EQ(parts[1], (std::vector<size_t>{1, 4, 7, 0}));  // padded with the start
+  EXPECT_EQ(parts[2], (std::vector<size_t>{2, 5, 8, 1}));
+  // set_epoch does not reorder an unshuffled sampler.
+  EXPECT_EQ(shards(10, 3, false, 99, 5), parts);
+}
+
+TEST(DistributedSampler, SameOrderOnAllRanksAndEveryRun) {
+  // Every rank computes the same global order; ranks are independent objects (as in separate
+  // processes), so the order can only come from (seed, epoch), not from torch's global RNG.
+  auto a = shards(64, 4, true, 123, 2);
+  torch::manual_seed(999);  // must not matter
+  auto b = shards(64, 4, true, 123, 2);
+  EXPECT_EQ(a, b);
+  // Rank r's j-th index is the (j * replicas + r)-th of one global order: that order is a
+  // permutation, and it is what a single process (replicas = 1) with the same seed uses.
+  std::vector<size_t> global;
+  for (size_t j = 0; j < a[0].size(); ++j)
+    for (auto& p : a) global.push_back(p[j]);
+  EXPECT_EQ(global, shards(64, 1, true, 123, 2)[0]);
+  std::vector<size_t> sorted = global;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<size_t> all(64);
+  std::iota(all.begin(), all.end(), size_t{0});
+  EXPECT_EQ(sorted, all);
+  EXPECT_NE(global, all) << "shuffle=true left the data in order";
+}
+
+TEST(DistributedSampler, SetEpochChangesTheOrder) {
+  kit::DistributedSampler s(200, true, 7, 2, 1);
+  auto e0 = s.indices();
+  s.set_epoch(1);
+  auto e1 = s.indices();
+  s.set_epoch(2);
+  auto e2 = s.indices();
+  EXPECT_NE(e0, e1);
+  EXPECT_NE(e1, e2);
+  s.set_epoch(0);
+  EXPECT_EQ(s.indices(), e0) << "the order must depend on the epoch only";
+  // Another seed, another order.
+  EXPECT_NE(kit::DistributedSampler(200, true, 8, 2, 1).indices(), e0);
+}
+
+TEST(DistributedSampler, RankOutOfRangeIsRejected) {
+  EXPECT_ANY_THROW(kit::DistributedSampler(10, true, 0, 2, 2));
+  EXPECT_ANY_THROW(kit::DistributedSampler(0, true, 0, 2, 0));
+}
+
+}  // namespace
