@@ -46,7 +46,7 @@ kit_site_env() {
 # jrc0001i); the plain name is the slower Ethernet. Rank 0 listens on the InfiniBand address.
 kit_site_master_addr() {
   local addr
-  addr=$(getent ahostsv4 "${1}i" 2>/dev/null | awk 'NR == 1 { print $1 }')
+  addr=$(getent ahostsv4 "${1}i" 2>/dev/null | awk 'NR == 1 { print $1 }') || addr=
   if [ -n "$addr" ]; then
     printf '%s\n' "$addr"
   else

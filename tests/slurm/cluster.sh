@@ -201,7 +201,7 @@ cmd_stop() {
   # names this cluster's configuration, and the job step daemons.
   local env
   for proc in /proc/[0-9]*; do
-    env=$(tr '\0' '\n' <"$proc/environ" 2>/dev/null) || continue
+    env=$(tr '\0' '\n' 2>/dev/null <"$proc/environ") || continue
     case $env in *"SLURM_CONF=$dir/slurm.conf"*) ;; *) continue ;; esac
     case $env in
       *SLURM_JOB_ID=*) kill -9 "${proc#/proc/}" 2>/dev/null ;;

@@ -153,12 +153,13 @@ expect_count() {
   return 1
 }
 
-# expect_ranks W: ranks 0..W-1 each printed their line once, with local rank R % 4 on node R / 4.
+# expect_ranks W [G]: ranks 0..W-1 each printed their line once, with local rank R % G on node
+# R / G (G ranks per node, default 4: Slurm's block distribution).
 expect_ranks() {
-  local w=$1 r ok=0
+  local w=$1 g=${2:-4} r ok=0
   expect_count "$w" '^rank [0-9]+ of [0-9]+: local rank [0-9]+, device ' || ok=1
   for ((r = 0; r < w; r++)); do
-    expect_count 1 "^rank $r of $w: local rank $((r % 4)), device [a-z0-9:]+$" || ok=1
+    expect_count 1 "^rank $r of $w: local rank $((r % g)), device [a-z0-9:]+$" || ok=1
   done
   return "$ok"
 }

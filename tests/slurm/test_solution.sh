@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # the expect_* functions run through check(), which shellcheck cannot see
-# test_solution.sh NODES: the solution job script on NODES node(s) x 4 GPUs of the test cluster.
+# test_solution.sh NODES [GPUS]: the solution job script on NODES node(s) x GPUS GPUs (default 4)
+# of the test cluster.
 #   * the job completes;
-#   * world size 4 x NODES: every rank prints its line once, local rank = rank % 4;
+#   * world size NODES x GPUS: every rank prints its line once, local rank = rank % GPUS;
 #   * rank 0's lines (epoch, final loss) appear exactly once;
 #   * the final loss equals that of the local launcher (ddprun) with as many ranks and the same
 #     flags: srun + the SLURM_* variables set up the very same training as ddprun.
-# As shipped the script asks for 2 nodes; for 1 node the test passes --nodes=1 to sbatch, as an
-# instructor would.
+# As shipped the script asks for 2 nodes x 4 GPUs; for another shape the test passes --nodes and
+# --gres to sbatch, as an instructor would, and changes nothing else.
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-nodes=${1:?usage: test_solution.sh NODES}
-world=$((nodes * 4))
+nodes=${1:?usage: test_solution.sh NODES [GPUS]}
+gpus=${2:-4}
+world=$((nodes * gpus))
 boot_cluster
 work=$CLUSTER/work
 opts=()
-[ "$nodes" -eq 2 ] || opts=(--nodes="$nodes")
+[ "$nodes" -eq 2 ] || opts+=(--nodes="$nodes")
+[ "$gpus" -eq 4 ] || opts+=(--gres=gpu:"$gpus")
 
 submit "$work/job" "$SBATCH_DIR/solution.sbatch" "${opts[@]}" -- "${QUICK[@]}"
 check "job completes" expect_state COMPLETED
 check "job runs on $nodes node(s)" expect_count 1 "^ex01: job $JOB on $nodes node\\(s\\) "
-check "world size $world, every rank's device mapping" expect_ranks "$world"
+check "world size $world, every rank's device mapping" expect_ranks "$world" "$gpus"
+check "$gpus GPUs per node visible" \
+  expect_count 1 "^ex01: GPUs per node: $gpus allocated, CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1)))\$"
 check "rank 0's lines appear once" expect_rank0_once
 check "no error in the .err file" expect_count 0 'error' "$ERR"
 check "rendezvous port from the job id" \

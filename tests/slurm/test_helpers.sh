@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the functions below run through check(), which shellcheck cannot see
+# test_helpers.sh: sbatch/job.sh's helpers and the site profiles, without a cluster.
+#   * kit_first_of_nodelist agrees with kit::first_host on Slurm's node-list forms;
+#   * kit_job_port is 20000 + SLURM_JOB_ID % 10000 (kit::port_for_job), KIT_MASTER_PORT wins,
+#     and a bad KIT_MASTER_PORT stops the job with one line;
+#   * kit_gpu_ids lists the job's GPUs;
+#   * every site profile sources cleanly under `set -euo pipefail`, sets KIT_SITE to its own
+#     name, and exports none of the SBATCH_* variables that would override the exercise's
+#     #SBATCH lines (nodes, GPUs, tasks);
+#   * kit_site_env loads the modules, or stops the job with one line when one is missing;
+#   * the JSC profiles resolve the first node's InfiniBand name ("i" appended) to an address,
+#     and fall back to the plain name with one warning line when it does not resolve.
+set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+# in_job CODE: run bash CODE with job.sh sourced, as the job scripts do.
+in_job() {
+  KIT_ROOT=$ROOT bash -c "set -euo pipefail; . '$ROOT/sbatch/job.sh'; $1"
+}
+
+# same WANT CODE: CODE prints WANT.
+same() {
+  local want=$1 got
+  got=$(in_job "$2" 2>&1)
+  [ "$got" = "$want" ] && return 0
+  say "  '$2' printed '$got', expected '$want'"
+  return 1
+}
+
+for pair in "jwb[0012-0015,0020],login1=jwb0012" "rack[0-3]_blade[07-41]=rack0_blade07" \
+            "n[1-2]-ib,m1=n1-ib" "kitn1=kitn1" "kitn[1-2]=kitn1" "a,b=a" "nid[001234,001236]=nid001234"; do
+  check "first node of ${pair%=*}" same "${pair##*=}" "kit_first_of_nodelist '${pair%=*}'"
+done
+check "port of job 123456" same 23456 "SLURM_JOB_ID=123456 kit_job_port"
+check "port of job 7" same 20007 "SLURM_JOB_ID=7 kit_job_port"
+check "KIT_MASTER_PORT wins" same 31234 "SLURM_JOB_ID=7 KIT_MASTER_PORT=31234 kit_job_port"
+check "bad KIT_MASTER_PORT: one line" same \
+  "job: error: KIT_MASTER_PORT='29x' is not a port number" "SLURM_JOB_ID=7 KIT_MASTER_PORT=29x kit_job_port"
+check "GPU ids from Slurm" same 0,1,2,3 "KIT_SLURM_GPU_IDS=0,1,2,3 KIT_GPUS_PER_NODE=4 kit_gpu_ids"
+check "GPU ids counted" same 0,1 "KIT_SLURM_GPU_IDS= KIT_GPUS_PER_NODE=2 kit_gpu_ids"
+check "GPU ids: Slurm's list of the wrong length" same 0,1,2 \
+  "KIT_SLURM_GPU_IDS=5 KIT_GPUS_PER_NODE=3 kit_gpu_ids"
+
+# profile_ok NAME: sources cleanly, KIT_SITE=NAME, no forbidden SBATCH_* exported.
+profile_ok() {
+  local out
+  out=$(env -i PATH="$PATH" HOME="${HOME:-/root}" bash -c \
+        "set -euo pipefail; . '$ROOT/sbatch/sites/$1.sh'; echo \"site=\$KIT_SITE\"; env" 2>&1) ||
+    { say "  sourcing $1.sh failed: $out"; return 1; }
+  grep -qx "site=$1" <<<"$out" || { say "  KIT_SITE is not $1"; return 1; }
+  if grep -E '^SBATCH_(GRES|GPUS|GPUS_PER_NODE|GPUS_PER_TASK|NTASKS|NODES)' <<<"$out"; then
+    say "  $1.sh exports a variable that overrides the job script's #SBATCH lines"
+    return 1
+  fi
+  return 0
+}
+for f in "$ROOT"/sbatch/sites/*.sh; do
+  name=${f##*/}
+  check "site profile ${name%.sh}" profile_ok "${name%.sh}"
+done
+
+# The JSC profiles, with a stand-in getent.
+jsc_addr() {
+  env -i PATH="$PATH" bash -c "set -euo pipefail
+    getent() { [ \"\$2\" = jrc0042i ] && echo '10.11.12.13     jrc0042i'; }
+    . '$ROOT/sbatch/sites/$1.sh'; kit_site_master_addr $2"
+}
+for site in jureca juwels-booster; do
+  check "$site: InfiniBand address" test "$(jsc_addr "$site" jrc0042 2>/dev/null)" = 10.11.12.13
+  check "$site: fallback to the host name" test "$(jsc_addr "$site" jrc0043 2>/dev/null)" = jrc0043
+  check "$site: one warning line on fallback" \
+    test "$(jsc_addr "$site" jrc0043 2>&1 >/dev/null | wc -l)" -eq 1
+done
+# site_env SITE MODULE_STATUS: kit_run_site_env as in a job, with a stand-in `module`.
+site_env() {
+  KIT_ROOT=$ROOT env -i PATH="$PATH" KIT_ROOT="$ROOT" bash -c "set -euo pipefail
+    module() { return $2; }
+    . '$ROOT/sbatch/job.sh'; KIT_SITE=$1; . '$ROOT/sbatch/sites/$1.sh'
+    kit_run_site_env; echo loaded"
+}
+for site in jureca perlmutter; do
+  check "$site: modules load" test "$(site_env "$site" 0 2>&1)" = loaded
+  check "$site: a missing module stops the job with one line" \
+    test "$(site_env "$site" 1 2>&1 | grep -c "^site $site: 'module load .*' failed: ")" -eq 1
+  check "$site: ... and nothing else" test "$(site_env "$site" 1 2>&1 | wc -l)" -eq 1
+done
+check "jureca: partition dc-gpu" test "$(env -i bash -c ". '$ROOT/sbatch/sites/jureca.sh'; echo \$SBATCH_PARTITION")" = dc-gpu
+check "juwels-booster: partition booster" \
+  test "$(env -i bash -c ". '$ROOT/sbatch/sites/juwels-booster.sh'; echo \$SBATCH_PARTITION")" = booster
+check "jureca: account from BUDGET_ACCOUNTS" \
+  test "$(env -i BUDGET_ACCOUNTS=proj1 bash -c ". '$ROOT/sbatch/sites/jureca.sh'; echo \$SBATCH_ACCOUNT")" = proj1
+check "perlmutter: GPU nodes" \
+  test "$(env -i bash -c ". '$ROOT/sbatch/sites/perlmutter.sh'; echo \$SBATCH_CONSTRAINT")" = gpu
+finish
