@@ -35,7 +35,7 @@ Variant blocks are not TODOs: `todos` and `count` do not list them.
 Commands:
   stages.py check                     committed exercise/solution files equal the rendering
   stages.py write                     re-render the committed exercise/solution files
-  stages.py stage EX K OUTDIR         write every file of stage K of EX into OUTDIR
+  stages.py stage EX K OUTDIR         write every file of stage K of EX into OUTDIR, by file name
   stages.py count EX [FILE]           print the number of the last stage (of FILE's TODOs)
   stages.py todos EX [--json]         each TODO block: number, file, line in the exercise, code
   stages.py info EX                   the exercise's metadata as JSON
