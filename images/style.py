@@ -51,9 +51,10 @@ class Svg:
         extra += f' stroke-dasharray="{dash}"' if dash else ""
         return self.add(f'<path d="{d}" stroke="{stroke}" stroke-width="{sw:g}" fill="{fill}"{extra}/>')
 
-    def polyline(self, points, stroke=INK, sw=STROKE, dash=None):
+    def polyline(self, points, stroke=INK, sw=STROKE, dash=None, opacity=None):
         pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += f' stroke-opacity="{opacity}"' if opacity is not None else ""
         return self.add(f'<polyline points="{pts}" fill="none" stroke="{stroke}" stroke-width="{sw:g}" '
                         f'stroke-linejoin="round"{extra}/>')
 

@@ -10,10 +10,13 @@ References, each written inside double square brackets:
   [[todo EX N replaces]]    the same, and the exercise lines the solution replaces
   [[where EX N]]            inline: "train.cpp, line 101" (every block of TODO N, joined)
   [[todos EX]]              block: a table of every TODO of EX with its file and line
+  [[todos EX FILE]]         the same, only the TODOs in the file named FILE (train.cpp)
   [[file PATH "A" "B"]]     block: the lines of PATH (relative to the repository) from the first
                             line that contains A through the next line that contains B, with the
                             line numbers they have now
   [[file PATH "A"]]         the same, one line
+  [[include PATH]]          block: the Markdown file PATH (relative to the repository) as it is,
+                            e.g. the table of numbers that slides/tools/plot_metrics.py writes
 
 EX is an exercise folder name (01-transformer-lm-ddp). The data come from
 `common/tools/stages.py todos EX --json`. A reference that does not resolve, a malformed one, and
@@ -35,7 +38,7 @@ DEFAULT_ROOT = os.path.dirname(os.path.dirname(HERE))
 REF = re.compile(r"\[\[([^\[\]]*)\]\]")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(`{3,}|~{3,})")
-BLOCK_KINDS = ("todo", "todos", "file")
+BLOCK_KINDS = ("todo", "todos", "file", "include")
 INLINE_KINDS = ("where",)
 
 
@@ -74,7 +77,7 @@ def fence_for(code):
 def code_block(code, lang, extra=""):
     """A fenced block; long lines get a smaller font (class .wide or .wider) instead of a scrollbar."""
     width = max((len(l) for l in code.split("\n")), default=0)
-    size = " .wider" if width > 100 else " .wide" if width > 84 else ""
+    size = " .wider" if width > 108 else " .wide" if width > 88 else ""
     f = fence_for(code)
     return f"{f} {{.{lang}{size}{extra}}}\n{code}\n{f}"
 
@@ -106,10 +109,14 @@ def expand_block(args, res):
             out.append(code_block(b["code"], b["lang"]) + "\n:::")
         return "\n\n".join(out)
     if kind == "todos":
-        if len(args) != 2:
-            raise RefError("expected [[todos EXERCISE]]")
+        if len(args) not in (2, 3):
+            raise RefError("expected [[todos EXERCISE]] or [[todos EXERCISE FILENAME]]")
+        blocks = [b for b in res.blocks(args[1])
+                  if len(args) == 2 or os.path.basename(b["file"]) == args[2]]
+        if not blocks:
+            raise RefError(f"exercise {args[1]} has no TODO in a file named {args[2]}")
         rows = ["| TODO | file | line | task |", "|---:|---|---:|---|"]
-        for b in sorted(res.blocks(args[1]), key=lambda b: (b["file"], b["line"])):
+        for b in sorted(blocks, key=lambda b: (b["file"], b["line"])):
             task = b["text"].split(". ")[0].rstrip(".").replace("|", "\\|")
             if len(task) > 70:
                 task = task[:67].rsplit(" ", 1)[0] + " ..."
@@ -136,6 +143,14 @@ def expand_block(args, res):
         span = f"line {start + 1}" if end == start else f"lines {start + 1}–{end + 1}"
         return (f"::: {{.coderef}}\n[`{args[1]}`, {span}]{{.where}}\n\n"
                 + code_block(dedent("\n".join(lines[start:end + 1])), lang) + "\n:::")
+    if kind == "include":
+        if len(args) != 2:
+            raise RefError("expected [[include PATH]]")
+        path = os.path.join(res.root, args[1])
+        if not os.path.isfile(path):
+            raise RefError(f"no file {args[1]}")
+        with open(path, encoding="utf-8") as f:
+            return f.read().rstrip("\n")
     raise RefError(f"unknown reference kind '{kind}' (block kinds: {', '.join(BLOCK_KINDS)})")
 
 

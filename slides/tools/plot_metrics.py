@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Plots from the trainers' metrics files: metrics.csv -> SVG, Python standard library only.
+
+  plot_metrics.py --out DIR RUN [RUN ...]     RUN: a metrics.csv, or a folder that holds one
+  plot_metrics.py --check --out DIR RUN ...   exit 1 if the files in DIR differ from a fresh plot
+
+metrics.csv (written by rank 0 of a trainer, one row per training step):
+    step,epoch,loss,samples_per_s,ranks,elapsed_s
+step counts from 1 over the whole run, epoch from 1; samples_per_s counts all ranks together.
+
+Writes into DIR:
+  loss-vs-step.svg     training loss against optimizer steps, one curve per rank count
+  loss-vs-epoch.svg    the same against epochs (each rank count does an epoch in fewer steps)
+  throughput.svg       samples per second against ranks, with perfect scaling for comparison
+  epoch-time.svg       training time per epoch against ranks, with perfect scaling
+  summary.md           the numbers behind the plots, as a Markdown table
+"""
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
+from style import COLORS, GRID, INK, MUTED, Svg  # noqa: E402
+
+FIELDS = ["step", "epoch", "loss", "samples_per_s", "ranks", "elapsed_s"]
+
+
+class Run:
+    def __init__(self, path):
+        self.path = path
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != FIELDS:
+                raise ValueError(f"{path}: header is {reader.fieldnames}, expected {','.join(FIELDS)}")
+            rows = list(reader)
+        if not rows:
+            raise ValueError(f"{path}: no training steps")
+        self.step = [int(r["step"]) for r in rows]
+        self.epoch = [int(r["epoch"]) for r in rows]
+        self.loss = [float(r["loss"]) for r in rows]
+        self.rate = [float(r["samples_per_s"]) for r in rows]
+        self.elapsed = [float(r["elapsed_s"]) for r in rows]
+        ranks = {int(r["ranks"]) for r in rows}
+        if len(ranks) != 1:
+            raise ValueError(f"{path}: rows disagree on the number of ranks: {sorted(ranks)}")
+        self.ranks = ranks.pop()
+        self.epochs = sorted(set(self.epoch))
+        self.steps_per_epoch = {e: self.epoch.count(e) for e in self.epochs}
+        # Time between steps; the first step of an epoch also contains the previous evaluation,
+        # so the typical (median) step time stands in for it.
+        dt = [self.elapsed[0]] + [b - a for a, b in zip(self.elapsed, self.elapsed[1:])]
+        self.step_s = statistics.median(dt[1:]) if len(dt) > 1 else dt[0]
+        first = {e: self.epoch.index(e) for e in self.epochs}
+        self.epoch_s = {e: sum(dt[i] for i in range(len(dt)) if self.epoch[i] == e and i != first[e])
+                        + self.step_s for e in self.epochs}
+        self.samples_per_s = statistics.median(self.rate)
+
+    def epoch_fraction(self):
+        """x for loss-vs-epoch: 0.5 = half way through the first epoch."""
+        out, seen = [], {}
+        for e in self.epoch:
+            seen[e] = seen.get(e, 0) + 1
+            out.append(e - 1 + seen[e] / self.steps_per_epoch[e])
+        return out
+
+
+def nice_ticks(lo, hi, n=5):
+    if hi <= lo:
+        hi = lo + 1
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.floor(lo / step) * step
+    ticks = []
+    t = start
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 10))
+        t += step
+    if ticks[-1] < hi:
+        ticks.append(round(ticks[-1] + step, 10))
+    return ticks
+
+
+def fmt(v):
+    return f"{v:g}" if abs(v) < 1e5 else f"{v:.0e}"
+
+
+class Axes:
+    """A plot area with linear axes, grid, labels and a legend."""
+
+    def __init__(self, title, xlabel, ylabel, xs, ys, width=900, height=480, xticks=None):
+        self.svg = Svg(width, height, title)
+        self.l, self.r, self.t, self.b = 90, width - 30, 50, height - 70
+        self.xt = xticks or nice_ticks(min(xs), max(xs))
+        self.yt = nice_ticks(min(ys), max(ys))
+        s = self.svg
+        s.text(self.l, 30, title, size=19, anchor="start", weight="bold")
+        for v in self.yt:
+            y = self.y(v)
+            s.line(self.l, y, self.r, y, stroke=GRID, sw=1)
+            s.text(self.l - 10, y + 5, fmt(v), size=14, anchor="end", fill=MUTED)
+        for v in self.xt:
+            x = self.x(v)
+            s.line(x, self.t, x, self.b, stroke=GRID, sw=1)
+            s.text(x, self.b + 22, fmt(v), size=14, fill=MUTED)
+        s.line(self.l, self.b, self.r, self.b, stroke=INK, sw=1.5)
+        s.line(self.l, self.t, self.l, self.b, stroke=INK, sw=1.5)
+        s.text((self.l + self.r) / 2, height - 20, xlabel, size=16, fill=INK)
+        s.text(24, (self.t + self.b) / 2, ylabel, size=16, fill=INK, rotate=-90)
+        self.legend_y = self.t + 12
+
+    def x(self, v):
+        return self.l + (v - self.xt[0]) / (self.xt[-1] - self.xt[0]) * (self.r - self.l)
+
+    def y(self, v):
+        return self.b - (v - self.yt[0]) / (self.yt[-1] - self.yt[0]) * (self.b - self.t)
+
+    def legend(self, label, color, dash=None):
+        x = self.r - 210
+        self.svg.line(x, self.legend_y, x + 34, self.legend_y, stroke=color, sw=3, dash=dash)
+        self.svg.text(x + 44, self.legend_y + 5, label, size=15, anchor="start")
+        self.legend_y += 24
+
+
+def smooth(values, window):
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def color_of(runs, run):
+    return COLORS[sorted(r.ranks for r in runs).index(run.ranks) % len(COLORS)]
+
+
+def loss_plot(runs, xkey, title, xlabel):
+    xs = [x for r in runs for x in (r.step if xkey == "step" else r.epoch_fraction())]
+    ys = [v for r in runs for v in r.loss]
+    lo, hi = min(ys), max(ys)
+    ax = Axes(title, xlabel, "training loss (rank 0's batch)", [0] + xs, [lo, hi])
+    for run in sorted(runs, key=lambda r: r.ranks):
+        c = color_of(runs, run)
+        x = run.step if xkey == "step" else run.epoch_fraction()
+        pts = list(zip(map(ax.x, x), map(ax.y, run.loss)))
+        ax.svg.polyline(pts, stroke=c, sw=1, opacity=0.35)
+        window = max(1, len(run.loss) // 25)
+        ax.svg.polyline(list(zip(map(ax.x, x), map(ax.y, smooth(run.loss, window)))), stroke=c, sw=3)
+        ax.legend(f"{run.ranks} rank{'s' if run.ranks > 1 else ''}", c)
+    return ax.svg
+
+
+def scaling_plot(runs, title, ylabel, value, ideal):
+    runs = sorted(runs, key=lambda r: r.ranks)
+    ranks = [r.ranks for r in runs]
+    vals = [value(r) for r in runs]
+    base = next((r for r in runs if r.ranks == 1), runs[0])
+    ideals = [ideal(value(base), base.ranks, n) for n in ranks]
+    ax = Axes(title, "ranks", ylabel, [0] + ranks, [0] + vals + ideals,
+              xticks=list(range(0, max(ranks) + 1)))
+    ax.svg.polyline([(ax.x(n), ax.y(v)) for n, v in zip(ranks, ideals)], stroke=MUTED, sw=2, dash="7 5")
+    ax.svg.polyline([(ax.x(n), ax.y(v)) for n, v in zip(ranks, vals)], stroke=COLORS[0], sw=3)
+    for run, n, v in zip(runs, ranks, vals):
+        ax.svg.circle(ax.x(n), ax.y(v), 7, fill=color_of(runs, run), stroke=INK, sw=1.5)
+        ax.svg.text(ax.x(n), ax.y(v) - 14, f"{v:.3g}", size=14, fill=INK)
+    ax.legend("measured", COLORS[0])
+    ax.legend("perfect scaling", MUTED, dash="7 5")
+    return ax.svg
+
+
+def summary(runs):
+    runs = sorted(runs, key=lambda r: r.ranks)
+    base = next((r for r in runs if r.ranks == 1), runs[0])
+    t1 = statistics.mean(base.epoch_s.values())
+    lines = ["| ranks | steps per epoch | samples/s | s per epoch | speed-up | efficiency | last loss |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        t = statistics.mean(r.epoch_s.values())
+        speedup = t1 / t
+        eff = speedup / (r.ranks / base.ranks)
+        spe = statistics.mean(r.steps_per_epoch.values())
+        lines.append(f"| {r.ranks} | {spe:.0f} | {r.samples_per_s:.0f} | {t:.1f} | {speedup:.2f}× | "
+                     f"{100 * eff:.0f} % | {statistics.mean(r.loss[-5:]):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_all(runs):
+    return {
+        "loss-vs-step.svg": loss_plot(runs, "step", "Training loss against optimizer steps",
+                                      "optimizer step").render(),
+        "loss-vs-epoch.svg": loss_plot(runs, "epoch", "Training loss against epochs", "epoch").render(),
+        "throughput.svg": scaling_plot(runs, "Training throughput", "samples per second (all ranks)",
+                                       lambda r: r.samples_per_s, lambda v, b, n: v * n / b).render(),
+        "epoch-time.svg": scaling_plot(runs, "Training time per epoch", "seconds per epoch",
+                                       lambda r: statistics.mean(r.epoch_s.values()),
+                                       lambda v, b, n: v * b / n).render(),
+        "summary.md": summary(runs),
+    }
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description="metrics.csv files -> SVG plots")
+    p.add_argument("--out", required=True)
+    p.add_argument("--check", action="store_true")
+    p.add_argument("runs", nargs="+")
+    a = p.parse_args(argv[1:])
+    try:
+        runs = [Run(os.path.join(r, "metrics.csv") if os.path.isdir(r) else r) for r in a.runs]
+    except (OSError, ValueError, KeyError) as e:
+        sys.stderr.write(f"plot_metrics.py: {e}\n")
+        return 1
+    if len({r.ranks for r in runs}) != len(runs):
+        sys.stderr.write("plot_metrics.py: give one run per number of ranks\n")
+        return 1
+    stale = []
+    for name, text in render_all(runs).items():
+        path = os.path.join(a.out, name)
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        if old == text:
+            continue
+        if a.check:
+            stale.append(name)
+            continue
+        os.makedirs(a.out, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {path}")
+    if stale:
+        sys.stderr.write(f"plot_metrics.py: {', '.join(stale)} in {a.out} differ from the data "
+                         "(rerun without --check)\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
