@@ -28,7 +28,7 @@ PANDOC_COMMON = [
     "-V", "theme=white", "-V", "width=1280", "-V", "height=720", "-V", "margin=0.04",
     "-V", "hash=true", "-V", "slideNumber=true", "-V", "transition=none",
     "-V", "controlsTutorial=false", "-V", "center=false",
-    "--fail-if-warnings",
+    "--fail-if-warnings", "--columns=1000",  # no relative widths for long table rows
 ]
 
 

@@ -92,7 +92,8 @@ def fmt(v):
 class Axes:
     """A plot area with linear axes, grid, labels and a legend."""
 
-    def __init__(self, title, xlabel, ylabel, xs, ys, width=900, height=480, xticks=None):
+    def __init__(self, title, xlabel, ylabel, xs, ys, width=900, height=480, xticks=None,
+                 legend_at="top right"):
         self.svg = Svg(width, height, title)
         self.l, self.r, self.t, self.b = 90, width - 30, 50, height - 70
         self.xt = xticks or nice_ticks(min(xs), max(xs))
@@ -111,7 +112,8 @@ class Axes:
         s.line(self.l, self.t, self.l, self.b, stroke=INK, sw=1.5)
         s.text((self.l + self.r) / 2, height - 20, xlabel, size=16, fill=INK)
         s.text(24, (self.t + self.b) / 2, ylabel, size=16, fill=INK, rotate=-90)
-        self.legend_y = self.t + 12
+        self.legend_x = self.r - 210 if "right" in legend_at else self.l + 30
+        self.legend_y = self.t + 12 if "top" in legend_at else self.b - 60
 
     def x(self, v):
         return self.l + (v - self.xt[0]) / (self.xt[-1] - self.xt[0]) * (self.r - self.l)
@@ -120,7 +122,7 @@ class Axes:
         return self.b - (v - self.yt[0]) / (self.yt[-1] - self.yt[0]) * (self.b - self.t)
 
     def legend(self, label, color, dash=None):
-        x = self.r - 210
+        x = self.legend_x
         self.svg.line(x, self.legend_y, x + 34, self.legend_y, stroke=color, sw=3, dash=dash)
         self.svg.text(x + 44, self.legend_y + 5, label, size=15, anchor="start")
         self.legend_y += 24
@@ -156,14 +158,14 @@ def loss_plot(runs, xkey, title, xlabel):
     return ax.svg
 
 
-def scaling_plot(runs, title, ylabel, value, ideal):
+def scaling_plot(runs, title, ylabel, value, ideal, legend_at):
     runs = sorted(runs, key=lambda r: r.ranks)
     ranks = [r.ranks for r in runs]
     vals = [value(r) for r in runs]
     base = next((r for r in runs if r.ranks == 1), runs[0])
     ideals = [ideal(value(base), base.ranks, n) for n in ranks]
     ax = Axes(title, "ranks", ylabel, [0] + ranks, [0] + vals + ideals,
-              xticks=list(range(0, max(ranks) + 1)))
+              xticks=list(range(0, max(ranks) + 1)), legend_at=legend_at)
     ax.svg.polyline([(ax.x(n), ax.y(v)) for n, v in zip(ranks, ideals)], stroke=MUTED, sw=2, dash="7 5")
     ax.svg.polyline([(ax.x(n), ax.y(v)) for n, v in zip(ranks, vals)], stroke=COLORS[0], sw=3)
     for run, n, v in zip(runs, ranks, vals):
@@ -187,19 +189,30 @@ def summary(runs):
         spe = statistics.mean(r.steps_per_epoch.values())
         lines.append(f"| {r.ranks} | {spe:.0f} | {r.samples_per_s:.0f} | {t:.1f} | {speedup:.2f}× | "
                      f"{100 * eff:.0f} % | {statistics.mean(r.loss[-5:]):.2f} |")
+    if truncated(runs):
+        lines += ["", "Every rank count did the same number of steps per epoch: the epochs were cut short "
+                  "(--max-steps), so compare samples/s, not seconds per epoch."]
     return "\n".join(lines) + "\n"
 
 
+def truncated(runs):
+    """Epochs cut by --max-steps: N ranks should need N times fewer steps for a whole epoch."""
+    spe = {r.ranks: statistics.mean(r.steps_per_epoch.values()) for r in runs}
+    return len(spe) > 1 and len(set(round(v) for v in spe.values())) == 1
+
+
 def render_all(runs):
+    cut = " (epochs cut short by --max-steps)" if truncated(runs) else ""
     return {
         "loss-vs-step.svg": loss_plot(runs, "step", "Training loss against optimizer steps",
                                       "optimizer step").render(),
         "loss-vs-epoch.svg": loss_plot(runs, "epoch", "Training loss against epochs", "epoch").render(),
         "throughput.svg": scaling_plot(runs, "Training throughput", "samples per second (all ranks)",
-                                       lambda r: r.samples_per_s, lambda v, b, n: v * n / b).render(),
-        "epoch-time.svg": scaling_plot(runs, "Training time per epoch", "seconds per epoch",
+                                       lambda r: r.samples_per_s, lambda v, b, n: v * n / b,
+                                       "top left").render(),
+        "epoch-time.svg": scaling_plot(runs, "Training time per epoch" + cut, "seconds per epoch",
                                        lambda r: statistics.mean(r.epoch_s.values()),
-                                       lambda v, b, n: v * b / n).render(),
+                                       lambda v, b, n: v * b / n, "bottom left").render(),
         "summary.md": summary(runs),
     }
 
