@@ -49,9 +49,11 @@ def assets(build, node_modules, repo):
         copy_tree(os.path.join(reveal, part), os.path.join(html, "reveal.js", part))
     shutil.copy(os.path.join(reveal, "LICENSE"), os.path.join(html, "reveal.js", "LICENSE"))
     shutil.copy(os.path.join(SLIDES, "theme", "kit.css"), os.path.join(html, "kit.css"))
-    copy_tree(os.path.join(repo, "images"), os.path.join(html, "images"))
-    for junk in ("__pycache__",):
-        shutil.rmtree(os.path.join(html, "images", junk), ignore_errors=True)
+    dst = os.path.join(html, "images")
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    shutil.copytree(os.path.join(repo, "images"), dst,
+                    ignore=shutil.ignore_patterns("*.py", "__pycache__", "*.md"))
     return 0
 
 

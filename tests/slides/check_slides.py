@@ -133,6 +133,21 @@ def cmd_follow(tmp):
     later = [b for b in new if b["line"] > new8["line"]]
     check(all(f"line {b['line']} of the unmodified" in text for b in later),
           f"the {len(later)} blocks after TODO 8 moved with it")
+    # Through Pandoc to the HTML slide, as the slides target builds it.
+    build = os.path.join(tmp, "build")
+    nm = ["--node-modules", os.path.join(ROOT, "slides", "node_modules"), "--repo", copy]
+    run = subprocess.run([sys.executable, os.path.join(copy, "slides", "tools", "build.py"), "assets",
+                          build] + nm, capture_output=True, text=True)
+    if run.returncode == 0:
+        run = subprocess.run([sys.executable, os.path.join(copy, "slides", "tools", "build.py"), "deck",
+                              deck, build] + nm, capture_output=True, text=True)
+    check(run.returncode == 0, f"the edited deck builds to HTML {run.stderr.strip()[:300]}")
+    if run.returncode == 0:
+        html = open(os.path.join(build, "html", "02-exercise-01.html"), encoding="utf-8").read()
+        slide8 = html.split(">TODO 8 ")[1].split("</section>")[0]
+        check(f"line {new8['line']} of the unmodified exercise" in slide8,
+              f"the HTML slide of TODO 8 says line {new8['line']}")
+        check("edited by the follow test" in slide8, "the HTML slide of TODO 8 shows the edited code")
     # And the original checkout is untouched.
     orig = open(os.path.join(ROOT, source), encoding="utf-8").read()
     check("follow test" not in orig, "the checkout's annotated source is unchanged")
