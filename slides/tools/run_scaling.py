@@ -4,13 +4,15 @@ metrics.csv and output kept, then the plots.
 
   run_scaling.py --bin BUILD/bin --out DIR [--ranks 1 2 4] [--plots PLOTDIR] [-- TRAINER ARGS]
 
-Each run goes to DIR/ranks-N/ (metrics.csv, stdout.log, the checkpoints are deleted). Everything
+Each run goes to a fresh DIR/ranks-N/ (emptied first, so that the trainer does not resume an
+older run); metrics.csv and stdout.log are kept, checkpoints and models deleted. Everything
 after `--` is passed to the trainer, e.g. `-- --epochs 3` or `-- --epochs 1 --max-steps 10`.
 The runs use the local launcher (ddprun); on a cluster, run the sbatch solution with 1, 2, 4 ...
 GPUs instead and give the metrics.csv files to plot_metrics.py.
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,9 +45,9 @@ def main(argv):
     dirs = []
     for n in a.ranks:
         out = os.path.abspath(os.path.join(a.out, f"ranks-{n}"))
-        os.makedirs(out, exist_ok=True)
-        if os.path.exists(os.path.join(out, "metrics.csv")):
-            os.remove(os.path.join(out, "metrics.csv"))
+        # A fresh folder: the trainer would resume from checkpoints a previous run left there.
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
         cmd = [ddprun, "--nproc-per-node", str(n), "--", trainer, "--out-dir", out] + trainer_args
         print(f"run_scaling.py: {n} rank(s): {' '.join(cmd)}", flush=True)
         env = dict(os.environ)
@@ -67,9 +69,11 @@ def main(argv):
         if not os.path.isfile(os.path.join(out, "metrics.csv")):
             sys.stderr.write(f"run_scaling.py: the trainer wrote no {out}/metrics.csv\n")
             return 1
-        for ckpt in ("model-best.pt", "model-final.pt"):
-            if os.path.exists(os.path.join(out, ckpt)):
-                os.remove(os.path.join(out, ckpt))
+        # Keep the numbers, not the models.
+        for name in os.listdir(out):
+            if name not in ("metrics.csv", "stdout.log"):
+                path = os.path.join(out, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         dirs.append(out)
     if a.plots:
         return subprocess.run([sys.executable, os.path.join(HERE, "plot_metrics.py"), "--out", a.plots]
