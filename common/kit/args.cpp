@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 
 namespace kit {
@@ -53,7 +55,10 @@ TrainArgs parse_args(int argc, char** argv) {
       {"--dropout", {[&](auto v) { a.dropout = to_real("--dropout", v, 0, 0.99); }, "dropout probability"}},
       {"--seed", {[&](auto v) { a.seed = static_cast<uint64_t>(to_int("--seed", v, 0)); }, "random seed"}},
       {"--max-steps", {[&](auto v) { a.max_steps = to_int("--max-steps", v, 0); }, "stop each epoch after this many steps (0: no limit)"}},
+      {"--keep-checkpoints", {[&](auto v) { a.keep_checkpoints = to_int("--keep-checkpoints", v, 1); }, "how many checkpoints to keep in <out-dir>/checkpoints"}},
+      {"--resume", {[&](auto) { a.resume = true; }, "continue from the newest checkpoint, which must exist (default: continue if there is one)"}},
   };
+  const std::set<std::string> switches = {"--resume"};  // flags without a value
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -69,7 +74,9 @@ TrainArgs parse_args(int argc, char** argv) {
     }
     auto it = flags.find(arg);
     if (it == flags.end()) bad("unknown flag '" + arg + "'");
-    if (eq == std::string::npos) {
+    if (switches.count(arg)) {
+      if (eq != std::string::npos) bad(arg + " takes no value");
+    } else if (eq == std::string::npos) {
       if (i + 1 >= argc) bad(arg + " needs a value");
       value = argv[++i];
     }
@@ -78,6 +85,15 @@ TrainArgs parse_args(int argc, char** argv) {
   if (a.d_model % a.heads != 0) bad("--d-model must be a multiple of --heads");
   if (a.data_dir.empty()) bad("no data folder: pass --data-dir or set KIT_DATA_DIR");
   return a;
+}
+
+std::string config_fingerprint(const TrainArgs& a, int64_t vocab_size) {
+  std::ostringstream f;
+  f << "vocab=" << vocab_size << " seq_len=" << a.seq_len << " d_model=" << a.d_model
+    << " heads=" << a.heads << " layers=" << a.layers << " feedforward=" << a.feedforward
+    << " dropout=" << a.dropout << " batch=" << a.batch_size << " lr=" << a.lr
+    << " seed=" << a.seed << " max_steps=" << a.max_steps;
+  return f.str();
 }
 
 }  // namespace kit

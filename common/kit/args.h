@@ -18,7 +18,13 @@ struct TrainArgs {
   double dropout = 0.1;
   uint64_t seed = 42;
   int64_t max_steps = 0;       // > 0: stop each epoch after this many steps (quick checks)
+  bool resume = false;         // require a checkpoint to continue from (default: use one if any)
+  int64_t keep_checkpoints = 3;
 };
+
+// What a checkpoint must agree on to be resumed: everything that changes the numbers (model,
+// batch, sequence length, learning rate, seed, data) and nothing that does not (epochs, paths).
+std::string config_fingerprint(const TrainArgs& args, int64_t vocab_size);
 
 // Flags are --name value or --name=value; --help prints them all. A bad flag ends the program
 // with one line on stderr and exit code 2. The data folder defaults to $KIT_DATA_DIR, then to the

@@ -30,7 +30,8 @@ class DistributedSampler {
   // The shuffle depends on seed + epoch: without this call, every epoch repeats the same order.
   void set_epoch(int64_t epoch) {
     epoch_ = epoch;
-    trace::record("set_epoch", std::to_string(epoch));
+    // The size tells the checker which sampler was told the epoch (train, or another one).
+    trace::record("set_epoch", std::to_string(epoch) + " size=" + std::to_string(dataset_size_));
   }
 
   // This rank's sample indices for the current epoch. The list is padded (by repeating its
@@ -100,6 +101,17 @@ class DataLoader {
       std::iota(order.begin(), order.end(), size_t{0});
     }
     return iterator(this, std::move(order), 0);
+  }
+  // The same pass, starting at batch `first` (a resumed run skips what it already trained on).
+  struct Range {
+    iterator b, e;
+    iterator begin() const { return b; }
+    iterator end() const { return e; }
+  };
+  Range from(size_t first) const {
+    iterator it = begin();
+    for (size_t k = 0; k < first; ++k) ++it;
+    return {it, end()};
   }
   iterator end() const {
     size_t n = sampler_ ? sampler_->size() : data_->size();

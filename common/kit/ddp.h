@@ -15,6 +15,10 @@
 //    Options{.overlap = false} keeps the simple version: one all-reduce per bucket after
 //    backward, for teaching and for comparison.
 //
+// Load weights into a wrapped model by copying values (param.copy_(...), as kit/checkpoint.h
+// does), not with Module::load / torch::load: those re-seat the parameters, which replaces the
+// autograd nodes the hooks sit on, and gradients would silently stop being averaged.
+//
 // Python's DDP wraps the module and you call the wrapper. This one only needs to see gradients,
 // so it attaches to the model you already have: keep calling model->forward(). The hooks live as
 // long as this object.

@@ -21,6 +21,7 @@
 
 #include "kit/compat.h"
 #include "kit/env.h"
+#include "kit/files.h"
 #include "kit/trace.h"
 
 namespace kit {
@@ -241,46 +242,9 @@ void print0(const char* format, ...) {
 
 void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path) {
   if (get_rank() == 0) {
-    std::string tmp = path + ".tmp." + std::to_string(getpid());
     torch::serialize::OutputArchive archive;
     module->save(archive);
-    auto fail = [&](int err) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("save0: cannot write " + path + ": " + std::strerror(err));
-    };
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(errno);
-    // We write the bytes ourselves and never report a failed write back to LibTorch: its archive
-    // writer, after a failed write, throws again from its destructor, which ends the process via
-    // std::terminate with a cryptic message and leaves the temporary file behind (a full disk).
-    // The first error is remembered instead and reported below, after cleaning up.
-    int write_error = 0;
-    try {
-      archive.save_to([&](const void* data, size_t n) -> size_t {
-        const char* p = static_cast<const char*>(data);
-        for (size_t left = n; left > 0 && write_error == 0;) {
-          ssize_t done = ::write(fd, p, left);
-          if (done < 0 && errno == EINTR) continue;
-          if (done <= 0) write_error = done < 0 ? errno : EIO;
-          else p += done, left -= static_cast<size_t>(done);
-        }
-        return n;
-      });
-    } catch (...) {
-      ::close(fd);
-      std::remove(tmp.c_str());
-      throw;
-    }
-    // fsync before rename: otherwise a node crash can leave the new name pointing at an empty file.
-    if (write_error == 0 && ::fsync(fd) != 0) write_error = errno;
-    if (::close(fd) != 0 && write_error == 0) write_error = errno;
-    if (write_error != 0) fail(write_error);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
-    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-    if (int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
+    write_atomically(path, archive, "save0");  // temp file, fsync, rename (kit/files.h)
   }
   trace::record("save0", path + (get_rank() == 0 ? " wrote" : " skipped"));
   // Nobody reads the file before it is complete (e.g. to evaluate the best model).

@@ -5,14 +5,16 @@
 
 namespace kit {
 
-Metrics::Metrics(const std::string& out_dir, int64_t batch_size, double progress_every_s)
-    : batch_size_(batch_size), every_s_(progress_every_s) {
+Metrics::Metrics(const std::string& out_dir, int64_t batch_size, int64_t first_step,
+                 double progress_every_s)
+    : batch_size_(batch_size), steps_(first_step), steps_at_last_line_(first_step),
+      every_s_(progress_every_s) {
   start_ = last_step_ = last_line_ = std::chrono::steady_clock::now();
   if (get_rank() != 0) return;
   std::string path = out_dir + "/metrics.csv";
-  csv_ = std::fopen(path.c_str(), "w");
+  csv_ = std::fopen(path.c_str(), first_step > 0 ? "a" : "w");
   if (csv_ == nullptr) throw std::runtime_error("cannot write " + path);
-  std::fprintf(csv_, "step,epoch,loss,samples_per_s,ranks,elapsed_s\n");
+  if (first_step == 0) std::fprintf(csv_, "step,epoch,loss,samples_per_s,ranks,elapsed_s\n");
 }
 
 Metrics::~Metrics() {
@@ -29,7 +31,8 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss) {
   int ranks = get_world_size();
   double rate = dt > 0 ? static_cast<double>(batch_size_ * ranks) / dt : 0.0;
   double value = loss.item<double>();
-  std::fprintf(csv_, "%ld,%ld,%.6f,%.1f,%d,%.3f\n", steps_, epoch + 1, value, rate, ranks, elapsed);
+  // %.9g: a float32 loss exactly, so two runs can be compared bit for bit from their CSVs.
+  std::fprintf(csv_, "%ld,%ld,%.9g,%.1f,%d,%.3f\n", steps_, epoch + 1, value, rate, ranks, elapsed);
   // A line every few seconds: long runs show they are alive, short ones stay quiet.
   double since = std::chrono::duration<double>(now - last_line_).count();
   if (since >= every_s_) {

@@ -18,7 +18,9 @@ namespace kit {
 
 class Metrics {
  public:
-  Metrics(const std::string& out_dir, int64_t batch_size, double progress_every_s = 10.0);
+  // first_step > 0: a resumed run; rows are appended after the ones already in the file.
+  Metrics(const std::string& out_dir, int64_t batch_size, int64_t first_step = 0,
+          double progress_every_s = 10.0);
   ~Metrics();
   void step(int64_t epoch, const torch::Tensor& loss);
 

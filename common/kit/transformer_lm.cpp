@@ -36,15 +36,25 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
   positions_ = register_buffer("positions", pe);
 }
 
+void TransformerLMImpl::to(torch::Device device, bool non_blocking) {
+  trace::record("model_to", "device=" + device.str());
+  torch::nn::Module::to(device, non_blocking);
+}
+
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
   if (is_training() && trace::enabled()) {
     // For the checker: a fingerprint of the weights this step starts from. Ranks whose
     // replicas are in sync print the same number at the same step.
     torch::NoGradGuard no_grad;
     double sum = 0;
-    for (auto& p : parameters()) sum += p.to(torch::kDouble).sum().item<double>();
+    std::string device;  // where the weights are: the device setup() gave this rank?
+    for (auto& p : parameters()) {
+      sum += p.to(torch::kDouble).sum().item<double>();
+      if (device.empty()) device = p.device().str();
+    }
     std::ostringstream fields;
-    fields << "step=" << ++training_forwards_ << " params=" << std::setprecision(17) << sum;
+    fields << "step=" << ++training_forwards_ << " params=" << std::setprecision(17) << sum
+           << " device=" << device;
     trace::record("forward", fields.str());
   }
   const int64_t seq = tokens.size(1);

@@ -27,6 +27,11 @@ class TransformerLMImpl : public torch::nn::Module {
   // tokens: [batch, seq] word ids -> logits [batch, seq, vocab]. Each position only sees the
   // positions before it (causal mask), so position t predicts word t+1.
   torch::Tensor forward(const torch::Tensor& tokens);
+  // As Module::to, and for the checker (trace.h) records the device the trainer asked for
+  // ("model_to device=..."): on a CPU-only machine a wrongly numbered device (cpu:1 where setup()
+  // gave cpu) leaves no other trace, because CPU tensors always report plain "cpu".
+  using torch::nn::Module::to;
+  void to(torch::Device device, bool non_blocking = false) override;
 
  private:
   TransformerLMOptions options_;

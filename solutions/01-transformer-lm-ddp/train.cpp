@@ -12,6 +12,7 @@
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
 #include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
+#include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
 #include "kit/metrics.h"          // Metrics: metrics.csv and progress lines
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
@@ -21,24 +22,31 @@
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
-// One pass over the training data. Returns the mean training loss of the pass.
+// One pass over the training data (or the rest of it, after a resume). Returns the mean training
+// loss of the pass. Stops early, with state.stopped set, when the job is asked to stop.
 torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
-                              int64_t epoch, int64_t max_steps, kit::Metrics& metrics) {
+                              kit::TrainState& state, kit::Checkpoints& checkpoints,
+                              kit::Metrics& metrics, int64_t max_steps) {
   model->train();
-  auto total = torch::zeros({}, torch::TensorOptions().device(device));
-  int64_t steps = 0;
-  for (kit::Batch batch : loader) {
+  // The loss sum lives on the device: no GPU -> CPU copy in the hot loop.
+  auto total = state.epoch_loss_sum.defined() ? state.epoch_loss_sum
+                                              : torch::zeros({}, torch::TensorOptions().device(device));
+  for (kit::Batch batch : loader.from(state.step_in_epoch)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
     auto loss = kit::lm_loss(model->forward(input), target);
     loss.backward();
     optimizer.step();
-    total += loss.detach();  // stays on the device: no GPU -> CPU copy in the hot loop
-    metrics.step(epoch, loss);
-    if (++steps == max_steps) break;
+    total += loss.detach();
+    state.epoch_loss_sum = total;
+    ++state.step_in_epoch;
+    ++state.global_step;
+    metrics.step(state.epoch, loss);
+    if (checkpoints.stop_requested(state)) return {};  // time is up: main() saves and leaves
+    if (state.step_in_epoch == max_steps) break;
   }
-  auto mean = total / static_cast<double>(steps);
+  auto mean = total / static_cast<double>(state.step_in_epoch);
   kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks
   return mean;
 }
@@ -92,26 +100,38 @@ int main(int argc, char** argv) {
   model->to(device);
   kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
-  kit::Metrics metrics(args.out_dir, args.batch_size);
 
-  double best_val_loss = std::numeric_limits<double>::infinity();
-  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+  // Jobs hit time limits and nodes fail: a run folder with a checkpoint continues from it.
+  kit::Checkpoints checkpoints(args.out_dir, kit::config_fingerprint(args, corpus.vocab.size()),
+                               args.keep_checkpoints);
+  kit::TrainState state = checkpoints.resume(model, optimizer, device, args.resume);
+  kit::Metrics metrics(args.out_dir, args.batch_size, state.global_step);
+
+  while (state.epoch < args.epochs) {
+    const int64_t epoch = state.epoch;
     train_sampler.set_epoch(epoch);
-    double train_loss =
-        train_one_epoch(model, train_loader, optimizer, device, epoch, args.max_steps, metrics)
-            .item<double>();
+    torch::Tensor train_mean = train_one_epoch(model, train_loader, optimizer, device, state,
+                                               checkpoints, metrics, args.max_steps);
+    if (state.stopped) break;
+    double train_loss = train_mean.item<double>();
     double val_loss = evaluate(model, val_loader, device).item<double>();
     kit::print0("[%ld/%ld] train loss %.5f, validation loss %.5f (perplexity %.2f)\n", epoch + 1,
                 args.epochs, train_loss, val_loss, std::exp(val_loss));
-    if (val_loss < best_val_loss) {
-      best_val_loss = val_loss;
+    if (val_loss < state.best_val_loss) {
+      state.best_val_loss = val_loss;
       kit::save0(model, args.out_dir + "/model-best.pt");
     }
+    state.next_epoch();
+    checkpoints.save(model, optimizer, state);  // every rank calls it; rank 0 writes the model
   }
 
-  double test_loss = evaluate(model, test_loader, device).item<double>();
-  kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
-  kit::save0(model, args.out_dir + "/model-final.pt");
+  if (state.stopped) {
+    checkpoints.save(model, optimizer, state);  // mid-epoch: the next run continues from here
+  } else {
+    double test_loss = evaluate(model, test_loader, device).item<double>();
+    kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
+    kit::save0(model, args.out_dir + "/model-final.pt");
+  }
   kit::destroy_process_group();
   return 0;
 }

@@ -1,0 +1,301 @@
+// kit/checkpoint.cpp — checkpoints, resume and stop requests (see checkpoint.h).
+#include "kit/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include "kit/distributed.h"
+#include "kit/files.h"
+#include "kit/trace.h"
+
+namespace kit {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+constexpr const char* kMagic = "kit-checkpoint 1";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// FNV-1a: not cryptographic, just enough to notice a truncated or damaged file.
+std::string checksum(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%09ld", static_cast<long>(step));
+  return name;
+}
+
+// Complete checkpoints (final names, no .tmp), oldest first.
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void remove_tree(const std::string& path) {
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") std::remove((path + "/" + n).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+std::string rng_state_bytes() {
+  auto t = at::detail::getDefaultCPUGenerator().get_state();
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+}
+
+void set_rng_state_bytes(const std::string& bytes) {
+  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+bool everyone() { return is_initialized() && get_world_size() > 1; }
+
+// Pairs (the model's tensor, the saved tensor), following Module::save's layout: a module's own
+// parameters and buffers by name, its children as sub-archives.
+void collect(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+             const std::string& prefix, std::vector<std::pair<torch::Tensor, torch::Tensor>>& out,
+             std::vector<std::string>& names) {
+  for (auto& p : module.named_parameters(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(p.key(), saved);
+    out.emplace_back(p.value(), saved);
+    names.push_back(prefix + p.key());
+  }
+  for (auto& b : module.named_buffers(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(b.key(), saved, /*is_buffer=*/true);
+    out.emplace_back(b.value(), saved);
+    names.push_back(prefix + b.key());
+  }
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive sub;
+    archive.read(child.key(), sub);
+    collect(*child.value(), sub, prefix + child.key() + ".", out, names);
+  }
+}
+
+// Copies the saved values INTO the model's existing tensors. Module::load would instead re-seat
+// each parameter (Tensor::set_), which gives it a new gradient accumulator: the hooks that
+// DistributedDataParallel put on the old ones would never fire again, and the ranks would
+// silently stop averaging gradients. Every shape is checked before the first value is copied.
+void load_values(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
+  std::vector<std::string> names;
+  collect(module, archive, "", pairs, names);
+  for (size_t i = 0; i < pairs.size(); ++i)
+    if (pairs[i].first.sizes() != pairs[i].second.sizes())
+      throw CheckpointError(names[i] + " has shape " + c10::str(pairs[i].second.sizes()) +
+                            " in the checkpoint but " + c10::str(pairs[i].first.sizes()) + " in the model");
+  torch::NoGradGuard no_grad;
+  for (auto& [mine, saved] : pairs) mine.copy_(saved);
+}
+
+}  // namespace
+
+void TrainState::next_epoch() {
+  ++epoch;
+  step_in_epoch = 0;
+  epoch_loss_sum = torch::Tensor();
+}
+
+Checkpoints::Checkpoints(const std::string& out_dir, std::string fingerprint, int keep)
+    : dir_(out_dir + "/checkpoints"), fingerprint_(std::move(fingerprint)), keep_(std::max(1, keep)) {
+  ::mkdir(dir_.c_str(), 0755);
+  // Slurm sends SIGUSR1 (with --signal=B:USR1@T, forwarded by the job script) before the time
+  // limit, and SIGTERM when a job is cancelled or preempted. Either way: finish the step, save.
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  if (const char* s = std::getenv("KIT_STOP_AFTER_STEP"); s && *s) stop_after_ = std::atoll(s);
+}
+
+bool Checkpoints::stop_requested(TrainState& state) {
+  bool mine = g_stop_signal != 0 || (stop_after_ > 0 && state.global_step == stop_after_);
+  if (everyone()) {
+    // Signals reach the ranks at slightly different moments: agree, so all stop after the same step.
+    auto flag = torch::tensor({mine ? 1.0f : 0.0f});
+    default_group().all_reduce(flag, ReduceOp::MAX);
+    mine = flag.item<float>() > 0;
+  }
+  state.stopped = state.stopped || mine;
+  return state.stopped;
+}
+
+void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                       TrainState& state) {
+  const std::string name = step_name(state.global_step);
+  const std::string final_dir = dir_ + "/" + name;
+  // Without a process group (a single process) the temp name is per process, so that several
+  // independent processes writing into one folder cannot clash.
+  const std::string tmp = final_dir + ".tmp" + (everyone() ? "" : "." + std::to_string(getpid()));
+  const int rank = get_rank(), world = get_world_size();
+
+  if (rank == 0) {
+    remove_tree(tmp);
+    if (::mkdir(tmp.c_str(), 0755) != 0)
+      throw std::runtime_error("checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
+  }
+  if (everyone()) barrier();
+
+  // Each rank: its own random-number state (dropout masks differ per rank).
+  write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
+  if (rank == 0) {
+    torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
+    model.save(model_archive);
+    optimizer.save(optimizer_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.write("epoch", torch::tensor(state.epoch, torch::kLong));
+    archive.write("step_in_epoch", torch::tensor(state.step_in_epoch, torch::kLong));
+    archive.write("global_step", torch::tensor(state.global_step, torch::kLong));
+    archive.write("best_val_loss", torch::tensor(state.best_val_loss, torch::kDouble));
+    archive.write("epoch_loss_sum", state.epoch_loss_sum.defined()
+                                        ? state.epoch_loss_sum.detach().to(torch::kCPU)
+                                        : torch::zeros({}));
+    write_atomically(tmp + "/state.pt", archive, "checkpoint");
+  }
+  if (everyone()) barrier();
+
+  if (rank == 0) {
+    // The manifest is written last: its presence, checked sums and the rename make it complete.
+    std::ostringstream m;
+    m << kMagic << "\nconfig " << fingerprint_ << "\nworld_size " << world << "\n";
+    std::vector<std::string> files{"state.pt"};
+    for (int r = 0; r < world; ++r) files.push_back("rng-rank" + std::to_string(r) + ".bin");
+    for (auto& f : files) {
+      std::string bytes = read_file(tmp + "/" + f);
+      m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
+    }
+    write_atomically(tmp + "/MANIFEST", m.str(), "checkpoint");
+    if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      // Another independent process (same folder, no process group) saved this step first.
+      remove_tree(tmp);
+    }
+    fsync_dir(dir_);
+    auto all = complete_checkpoints(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) remove_tree(dir_ + "/" + all[i]);
+  }
+  if (everyone()) barrier();
+  trace::record("checkpoint", name);
+  if (state.stopped)
+    print0("stopping after step %ld: checkpoint %s written; run the same command again to continue\n",
+           static_cast<long>(state.global_step), final_dir.c_str());
+}
+
+TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                               torch::Device device, bool require) {
+  TrainState state;
+  auto all = complete_checkpoints(dir_);
+  if (all.empty()) {
+    if (require)
+      throw CheckpointError("--resume: no checkpoint in " + dir_ + " to continue from");
+    return state;
+  }
+  const std::string path = dir_ + "/" + all.back();
+  auto refuse = [&](const std::string& why) {
+    throw CheckpointError("checkpoint " + path + " " + why + "; nothing was loaded (move it away to start afresh)");
+  };
+
+  // 1. Verify everything before touching the model.
+  std::istringstream manifest(read_file(path + "/MANIFEST"));
+  std::string line, config;
+  int world = 0;
+  std::vector<std::string> files;
+  std::getline(manifest, line);
+  if (line != kMagic) refuse("has no valid MANIFEST (not a kit checkpoint, or damaged)");
+  while (std::getline(manifest, line)) {
+    std::istringstream words(line);
+    std::string key;
+    words >> key;
+    if (key == "config") std::getline(words >> std::ws, config);
+    else if (key == "world_size") words >> world;
+    else if (key == "file") {
+      std::string f, sum;
+      size_t size = 0;
+      words >> f >> size >> sum;
+      std::string bytes = read_file(path + "/" + f);
+      if (bytes.size() != size)
+        refuse("is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " +
+               std::to_string(size) + " bytes");
+      if (checksum(bytes) != sum) refuse("is damaged: " + f + " fails its checksum");
+      files.push_back(f);
+    }
+  }
+  if (config != fingerprint_)
+    refuse("was written for another configuration (" + config + "), not this one (" + fingerprint_ + ")");
+  if (world != get_world_size())
+    refuse("was written by " + std::to_string(world) + " ranks; this run has " +
+           std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)");
+
+  // 2. Load: the shared state from state.pt, this rank's RNG from its own file.
+  try {
+    torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+    archive.load_from(path + "/state.pt", device);
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+    load_values(model, model_archive);
+    optimizer.load(optimizer_archive);
+    // A fresh tensor per entry: reading into a defined tensor copies into its dtype.
+    auto entry = [&](const char* key) {
+      torch::Tensor t;
+      archive.read(key, t);
+      return t;
+    };
+    state.epoch = entry("epoch").item<int64_t>();
+    state.step_in_epoch = entry("step_in_epoch").item<int64_t>();
+    state.global_step = entry("global_step").item<int64_t>();
+    state.best_val_loss = entry("best_val_loss").item<double>();
+    torch::Tensor t = entry("epoch_loss_sum");
+    state.epoch_loss_sum = state.step_in_epoch > 0 ? t.to(device) : torch::Tensor();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    refuse("does not fit this model: " + what.substr(0, what.find('\n')));
+  }
+  set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
+  trace::record("resume", all.back());
+  print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
+         static_cast<long>(state.global_step));
+  return state;
+}
+
+}  // namespace kit
