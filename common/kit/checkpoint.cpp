@@ -193,6 +193,9 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
                                         ? state.epoch_loss_sum.detach().to(torch::kCPU)
                                         : torch::zeros({}));
     write_atomically(tmp + "/state.pt", archive, "checkpoint");
+    // Fault injection for the tests: die half-way through this save, as a node failure would.
+    if (const char* d = std::getenv("KIT_DIE_DURING_SAVE"); d && std::atoll(d) == state.global_step)
+      std::raise(SIGKILL);
   }
   if (everyone()) barrier();
 

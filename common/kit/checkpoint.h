@@ -75,7 +75,7 @@ class Checkpoints {
   // True (and state.stopped set) on every rank once any rank got SIGUSR1 or SIGTERM (Slurm's
   // warning before the time limit, or scancel): the ranks agree with a tiny all-reduce, so that
   // all stop after the same step. KIT_STOP_AFTER_STEP=n requests a stop after global step n
-  // (for tests).
+  // (for tests), and KIT_DIE_DURING_SAVE=n kills rank 0 in the middle of the save at step n.
   bool stop_requested(TrainState& state);
 
   const std::string& dir() const { return dir_; }
