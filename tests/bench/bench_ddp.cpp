@@ -1,0 +1,266 @@
+// bench_ddp — step time of kit::DistributedDataParallel on the exercise-01 model (issue 2).
+//
+//   bench_ddp [flags]                                  one process, no DDP (the baseline)
+//   ddprun --nproc-per-node 2 -- bench_ddp [flags]     N ranks, kit::DistributedDataParallel
+//
+// Builds kit::TransformerLM with the trainer's default sizes (kit::TrainArgs: d_model 128,
+// 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank, dropout 0.1, AdamW lr 1e-3)
+// and trains it on synthetic token batches (uniform random ids, drawn before timing starts; the
+// vocabulary size is the bundled corpus's when --data is given, so the embedding and the head
+// have their real sizes). It runs --warmup untimed steps, then --steps timed steps of
+// zero_grad + forward + loss + backward + AdamW step, and prints on rank 0 one line
+//
+//   BENCH impl=cpp name=... ranks=2 threads=1 overlap=1 ... step_ms_median=... wait_ms_median=...
+//
+// Every per-step figure is first reduced over the ranks (step time: the slowest rank; wait and
+// tail: the mean of the ranks), then the median over the timed steps is taken.
+//   step_ms   zero_grad .. optimizer.step() inclusive
+//   fwd_ms    forward + loss;  bwd_ms  loss.backward() (with DDP: including the final wait);
+//   opt_ms    optimizer.step()
+//   wait_ms   DDPStats::last_wait_seconds: after backward, waiting for the all-reduces in flight
+//   cpu_ms    CPU time the process used during the step (all its threads), mean of the ranks:
+//             unlike the wall-clock figures, barely affected by other load on the machine
+//   tail_ms   from the last parameter gradient produced by autograd to the return of backward():
+//             the same definition as bench_ddp.py uses for torch's DDP, which exposes no wait
+//             time (it includes the last copies into/out of the buckets besides the wait)
+// The tensor hooks that time tail_ms run on the backward thread and only read a clock.
+//
+// This is a benchmark, not a test: nothing here asserts a time.
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kit/args.h"
+#include "kit/ddp.h"
+#include "kit/distributed.h"
+#include "kit/transformer_lm.h"
+#include "kit/wikitext.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// CPU time of the whole process (all its threads: compute, Gloo, autograd), in ms.
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+struct BenchArgs {
+  std::string name = "cpp";
+  std::string data_dir;     // bundled corpus: only its vocabulary size is used
+  int64_t vocab = 0;        // 0: the corpus's (or 10000 without --data)
+  int64_t steps = 30;
+  int64_t warmup = 5;
+  int overlap = 1;
+  int threads = 0;          // 0: what kit::setup() chose (OMP_NUM_THREADS or cores / local ranks)
+  std::string ddp = "auto"; // auto: DDP when world_size > 1; on; off
+  double first_bucket_mb = -1, bucket_cap_mb = -1;  // < 0: kit defaults (1 MiB, 25 MiB)
+  bool print_vocab = false;
+};
+
+[[noreturn]] void usage(const char* prog, int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: %s [--steps N] [--warmup N] [--overlap 0|1] [--threads T] [--vocab V]\n"
+               "          [--data DIR] [--ddp auto|on|off] [--name NAME]\n"
+               "          [--first-bucket-mb X] [--bucket-cap-mb X] [--print-vocab]\n",
+               prog);
+  std::exit(code);
+}
+
+BenchArgs parse(int argc, char** argv) {
+  BenchArgs a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "--help" || flag == "-h") usage(argv[0], 0);
+    if (flag == "--print-vocab") { a.print_vocab = true; continue; }
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      std::fprintf(stderr, "error: %s needs a value\n", flag.c_str());
+      usage(argv[0], 2);
+    }
+    auto num = [&](double lo) {
+      char* end = nullptr;
+      double x = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || x < lo) {
+        std::fprintf(stderr, "error: %s: bad value '%s'\n", flag.c_str(), value.c_str());
+        std::exit(2);
+      }
+      return x;
+    };
+    if (flag == "--name") a.name = value;
+    else if (flag == "--data") a.data_dir = value;
+    else if (flag == "--vocab") a.vocab = static_cast<int64_t>(num(0));
+    else if (flag == "--steps") a.steps = static_cast<int64_t>(num(1));
+    else if (flag == "--warmup") a.warmup = static_cast<int64_t>(num(0));
+    else if (flag == "--overlap") a.overlap = num(0) != 0;
+    else if (flag == "--threads") a.threads = static_cast<int>(num(0));
+    else if (flag == "--first-bucket-mb") a.first_bucket_mb = num(0);
+    else if (flag == "--bucket-cap-mb") a.bucket_cap_mb = num(0);
+    else if (flag == "--ddp") {
+      if (value != "auto" && value != "on" && value != "off") usage(argv[0], 2);
+      a.ddp = value;
+    } else {
+      std::fprintf(stderr, "error: unknown flag %s\n", flag.c_str());
+      usage(argv[0], 2);
+    }
+  }
+  return a;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Per-step values of every rank -> one value per step (MAX or AVG over the ranks).
+std::vector<double> over_ranks(const std::vector<double>& mine, kit::ReduceOp op, bool distributed) {
+  if (!distributed) return mine;
+  auto t = torch::tensor(mine, torch::kDouble);
+  kit::all_reduce(t, op);
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchArgs args = parse(argc, argv);
+  const kit::TrainArgs train;  // the trainer's defaults: the sizes we benchmark
+
+  int64_t vocab = args.vocab;
+  if (vocab == 0) vocab = args.data_dir.empty() ? 10000 : kit::load_wikitext2(args.data_dir).vocab.size();
+  if (args.print_vocab) {
+    std::printf("%ld\n", static_cast<long>(vocab));
+    return 0;
+  }
+
+  auto [local_rank, rank, device, world_size] = kit::setup(train.seed);
+  if (args.threads > 0) torch::set_num_threads(args.threads);
+  const bool distributed = world_size > 1;
+  const bool use_ddp = args.ddp == "on" || (args.ddp == "auto" && distributed);
+
+  kit::TransformerLMOptions mo;
+  mo.vocab_size = vocab;
+  mo.d_model = train.d_model;
+  mo.heads = train.heads;
+  mo.layers = train.layers;
+  mo.feedforward = train.feedforward;
+  mo.dropout = train.dropout;
+  mo.max_len = train.seq_len;
+  kit::TransformerLM model(mo);
+  model->to(device);
+  model->train();
+
+  std::unique_ptr<kit::DistributedDataParallel> ddp;
+  if (use_ddp) {
+    kit::DistributedDataParallel::Options o;
+    o.overlap = args.overlap != 0;
+    if (args.first_bucket_mb >= 0) o.first_bucket_bytes = static_cast<size_t>(args.first_bucket_mb * (1 << 20));
+    if (args.bucket_cap_mb >= 0) o.bucket_cap_bytes = static_cast<size_t>(args.bucket_cap_mb * (1 << 20));
+    ddp = std::make_unique<kit::DistributedDataParallel>(model, o);
+  }
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(train.lr));
+
+  int64_t n_params = 0;
+  for (auto& p : model->parameters()) n_params += p.numel();
+  std::string bucket_sizes;  // MB per bucket, in launch order
+  if (ddp) {
+    auto params = model->parameters();
+    for (auto& b : ddp->buckets()) {
+      int64_t bytes = 0;
+      for (size_t i : b) bytes += params[i].numel() * params[i].element_size();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.3f", bucket_sizes.empty() ? "" : ",", bytes / 1048576.0);
+      bucket_sizes += buf;
+    }
+  }
+
+  // tail_ms: time of the last parameter gradient autograd produced in this backward.
+  Clock::time_point last_grad;
+  for (auto& p : model->parameters())
+    p.register_hook([&last_grad](const torch::Tensor&) { last_grad = Clock::now(); });
+
+  // Synthetic batches, drawn before timing: [batch, seq_len + 1] ids -> input, shifted target.
+  auto gen = torch::make_generator<at::CPUGeneratorImpl>(1234 + rank);
+  std::vector<torch::Tensor> pool;
+  for (int i = 0; i < 8; ++i)
+    pool.push_back(torch::randint(vocab, {train.batch_size, train.seq_len + 1}, gen,
+                                  torch::TensorOptions().dtype(torch::kLong)).to(device));
+
+  std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms, wait_ms, tail_ms, cpu_ms;
+  double loss_sum = 0;
+  if (distributed) kit::barrier();  // start the clock together
+  for (int64_t s = 0; s < args.warmup + args.steps; ++s) {
+    auto& batch = pool[static_cast<size_t>(s) % pool.size()];
+    auto input = batch.narrow(1, 0, train.seq_len), target = batch.narrow(1, 1, train.seq_len);
+    double c0 = process_cpu_ms();
+    auto t0 = Clock::now();
+    optimizer.zero_grad();
+    auto loss = kit::lm_loss(model->forward(input), target);
+    double f = ms_since(t0);
+    auto t1 = Clock::now();
+    loss.backward();
+    auto t2 = Clock::now();
+    optimizer.step();
+    double total = ms_since(t0);
+    double cpu = process_cpu_ms() - c0;
+    if (s < args.warmup) continue;
+    step_ms.push_back(total);
+    fwd_ms.push_back(f);
+    bwd_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    opt_ms.push_back(total - f - bwd_ms.back());
+    wait_ms.push_back(ddp ? ddp->stats().last_wait_seconds * 1e3 : 0.0);
+    tail_ms.push_back(std::chrono::duration<double, std::milli>(t2 - last_grad).count());
+    cpu_ms.push_back(cpu);
+    loss_sum += loss.item<double>();
+  }
+
+  auto step = over_ranks(step_ms, kit::ReduceOp::MAX, distributed);
+  auto fwd = over_ranks(fwd_ms, kit::ReduceOp::AVG, distributed);
+  auto bwd = over_ranks(bwd_ms, kit::ReduceOp::AVG, distributed);
+  auto opt = over_ranks(opt_ms, kit::ReduceOp::AVG, distributed);
+  auto wait = over_ranks(wait_ms, kit::ReduceOp::AVG, distributed);
+  auto tail = over_ranks(tail_ms, kit::ReduceOp::AVG, distributed);
+  auto cpu = over_ranks(cpu_ms, kit::ReduceOp::AVG, distributed);
+  double step_med = median(step);
+  double samples_per_s = step_med > 0 ? 1e3 * train.batch_size * world_size / step_med : 0;
+
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line.precision(3);
+  line << "BENCH impl=cpp name=" << args.name << " ranks=" << world_size
+       << " threads=" << torch::get_num_threads() << " ddp=" << (ddp ? 1 : 0)
+       << " overlap=" << (ddp ? args.overlap : 0) << " steps=" << args.steps
+       << " warmup=" << args.warmup << " batch=" << train.batch_size
+       << " seq_len=" << train.seq_len << " vocab=" << vocab << " params=" << n_params
+       << " buckets=" << (ddp ? bucket_sizes : std::string("-"))
+       << " step_ms_median=" << step_med << " step_ms_min=" << *std::min_element(step.begin(), step.end())
+       << " fwd_ms_median=" << median(fwd) << " bwd_ms_median=" << median(bwd)
+       << " opt_ms_median=" << median(opt) << " wait_ms_median=" << median(wait)
+       << " tail_ms_median=" << median(tail) << " cpu_ms_median=" << median(cpu)
+       << " samples_per_s=" << samples_per_s
+       << " loss_mean=" << loss_sum / static_cast<double>(args.steps) << "\n";
+  kit::print0("%s", line.str().c_str());
+  kit::destroy_process_group();
+  return 0;
+}

@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""bench_ddp.py -- the Python reference for bench_ddp (issue 2): the same model, sizes and step,
+with torch.nn.parallel.DistributedDataParallel on Gloo.
+
+    /usr/bin/python3 bench_ddp.py --vocab V [flags]                       one process, no DDP
+    ddprun --nproc-per-node 2 -- /usr/bin/python3 bench_ddp.py --vocab V  2 ranks, torch DDP
+
+Under ddprun the ranks join with init_method="env://": ddprun sets RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT, which is all env:// reads. Run it with Debian's python3-torch
+(1.13, the same libtorch as the C++ side), i.e. /usr/bin/python3.
+
+Model = kit::TransformerLM (common/kit/transformer_lm.cpp): nn.Embedding, embedding * sqrt(d),
++ the same sinusoidal position codes (a buffer), dropout, nn.TransformerEncoder of post-norm
+ReLU nn.TransformerEncoderLayer (sequence-first, as the C++ module) with the causal mask,
+nn.Linear head; cross entropy. Trainer defaults: d_model 128, 4 heads, 2 layers, feed-forward
+256, dropout 0.1, seq_len 64, batch 16 per rank, AdamW lr 1e-3.
+
+DDP: torch's defaults (1 MiB first bucket, 25 MiB buckets, gradients copied into buckets and
+back) except broadcast_buffers=False: the kit broadcasts the buffers once at construction, torch
+would re-broadcast the position codes before every forward.
+
+Output: one BENCH line on rank 0, the same fields as bench_ddp.cpp. torch's DDP exposes no
+"waiting after backward" figure, so wait_ms is measured as tail_ms: from the last parameter
+gradient autograd produced (a tensor hook) to the return of loss.backward(), which is where
+torch's reducer waits for its buckets and copies the averages back into .grad.
+"""
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+# The trainer's defaults (common/kit/args.h).
+D_MODEL, HEADS, LAYERS, FEEDFORWARD, DROPOUT = 128, 4, 2, 256, 0.1
+SEQ_LEN, BATCH, LR, SEED = 64, 16, 1e-3, 42
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab, d_model=D_MODEL, heads=HEADS, layers=LAYERS, ff=FEEDFORWARD,
+                 dropout=DROPOUT, max_len=SEQ_LEN):
+        super().__init__()
+        self.d_model = d_model
+        self.embed = nn.Embedding(vocab, d_model)
+        self.dropout = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff, dropout=dropout,
+                                           activation="relu", norm_first=False)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+        pos = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+        freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float) *
+                         (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(pos * freq)
+        pe[:, 1::2] = torch.cos(pos * freq)
+        self.register_buffer("positions", pe)
+
+    def forward(self, tokens):
+        seq = tokens.size(1)
+        x = self.embed(tokens) * math.sqrt(self.d_model)
+        x = self.dropout(x + self.positions[:seq].unsqueeze(0)).transpose(0, 1)
+        causal = torch.triu(torch.full((seq, seq), float("-inf"), dtype=x.dtype), 1)
+        x = self.encoder(x, mask=causal).transpose(0, 1)
+        return self.head(x)
+
+
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vocab", type=int, default=10000)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads (0: OMP_NUM_THREADS, else cores / local ranks)")
+    p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--name", default="py")
+    args = p.parse_args()
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    distributed = world > 1
+    if distributed:
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    # Threads as kit::setup() does it: --threads, else OMP_NUM_THREADS, else cores / local ranks.
+    threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or max(
+        1, len(os.sched_getaffinity(0)) // local_world)
+    torch.set_num_threads(threads)
+    torch.manual_seed(SEED + rank)
+
+    model = TransformerLM(args.vocab)
+    model.train()
+    use_ddp = args.ddp == "on" or (args.ddp == "auto" and distributed)
+    n_params = sum(q.numel() for q in model.parameters())
+    last_grad = [0.0]
+
+    def stamp(grad):
+        last_grad[0] = time.perf_counter()
+    for q in model.parameters():
+        q.register_hook(stamp)
+    net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if use_ddp else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    gen = torch.Generator().manual_seed(1234 + rank)
+    pool = [torch.randint(args.vocab, (BATCH, SEQ_LEN + 1), generator=gen) for _ in range(8)]
+
+    rows = {k: [] for k in ("step", "fwd", "bwd", "opt", "tail", "cpu")}
+    loss_sum = 0.0
+    if distributed:
+        dist.barrier()
+    for s in range(args.warmup + args.steps):
+        batch = pool[s % len(pool)]
+        inp, target = batch[:, :SEQ_LEN], batch[:, 1:]
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        loss = lm_loss(net(inp), target)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        c3 = time.process_time()
+        if s < args.warmup:
+            continue
+        rows["step"].append((t3 - t0) * 1e3)
+        rows["fwd"].append((t1 - t0) * 1e3)
+        rows["bwd"].append((t2 - t1) * 1e3)
+        rows["opt"].append((t3 - t2) * 1e3)
+        rows["tail"].append((t2 - last_grad[0]) * 1e3)
+        rows["cpu"].append((c3 - c0) * 1e3)
+        loss_sum += loss.item()
+
+    def over_ranks(values, op):
+        if not distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.double)
+        dist.all_reduce(t, op=op)
+        return (t / world if op == dist.ReduceOp.SUM else t).tolist()
+
+    step = over_ranks(rows["step"], dist.ReduceOp.MAX)
+    med = {k: statistics.median(over_ranks(rows[k], dist.ReduceOp.SUM)) for k in ("fwd", "bwd", "opt", "tail", "cpu")}
+    step_med = statistics.median(step)
+    if rank == 0:
+        buckets = "-"
+        if use_ddp:
+            try:  # the bucket sizes torch's reducer settled on (private API; best effort)
+                data = net._get_ddp_logging_data()
+                if os.environ.get("BENCH_DEBUG"):
+                    print({k: v for k, v in data.items() if "bucket" in k}, file=sys.stderr)
+                sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", "")
+                buckets = ",".join("%.3f" % (int(b) / 1048576) for b in str(sizes).split(", ") if b)
+            except Exception:
+                buckets = "?"
+        print("BENCH impl=py name=%s ranks=%d threads=%d ddp=%d overlap=%d steps=%d warmup=%d "
+              "batch=%d seq_len=%d vocab=%d params=%d buckets=%s step_ms_median=%.3f "
+              "step_ms_min=%.3f fwd_ms_median=%.3f bwd_ms_median=%.3f opt_ms_median=%.3f "
+              "wait_ms_median=%.3f tail_ms_median=%.3f cpu_ms_median=%.3f samples_per_s=%.3f loss_mean=%.3f" % (
+                  args.name, world, torch.get_num_threads(), int(use_ddp), int(use_ddp),
+                  args.steps, args.warmup, BATCH, SEQ_LEN, args.vocab, n_params, buckets,
+                  step_med, min(step), med["fwd"], med["bwd"], med["opt"], med["tail"],
+                  med["tail"], med["cpu"], 1e3 * BATCH * world / step_med, loss_sum / args.steps),
+              flush=True)
+    if distributed:
+        # Leave without tearing torch's DDP down: in 1.13, destroying the Reducer (at interpreter
+        # exit) joins a Gloo worker thread that waits for the GIL the main thread holds, and rank
+        # 0 hangs forever after printing. Both ranks are done with every collective here.
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
