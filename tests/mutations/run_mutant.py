@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Runs the student check (common/tools/check.py, what `./kit check` runs) on one mutant of
+tests/mutations/mutants.py and asserts that it names the mutant's TODO.
+
+usage: run_mutant.py EXERCISE ID check -- <check.py arguments>
+       run_mutant.py EXERCISE ID compile --build-dir DIR --target TARGET --source FILE --log FILE
+
+`check`: kind "run" must fail with its first ✘ on the mutant's TODO and exactly the expected
+TODOs failing; kind "equivalent" must pass everything.
+`compile`: builds TARGET (which must fail), then asks check.py to explain the build log, as
+`./kit check` does; the explanation must show the compiler error and name the TODO.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CHECK_PY = os.path.join(ROOT, "common", "tools", "check.py")
+ROW = re.compile(r"^\s*([\u2714\u2718]) TODO (\S+)\s")
+
+
+def mutant(ex, mid):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "mutants.py"), "show", ex, mid],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def rows(stdout):
+    return [(m.group(1) == "\u2714", m.group(2)) for m in map(ROW.match, stdout.splitlines()) if m]
+
+
+def run_check(ex, m, rest):
+    p = subprocess.run([sys.executable, CHECK_PY, "--exercise", ex] + rest,
+                       capture_output=True, text=True)
+    sys.stdout.write(p.stdout + p.stderr)
+    got = rows(p.stdout)
+    failed = [label for ok, label in got if not ok and label != "all"]
+    errors = []
+    if "passed: " not in p.stdout:
+        errors.append(f"the check did not finish (exit {p.returncode})")
+    if m["kind"] == "equivalent":
+        if p.returncode != 0 or any(not ok for ok, _ in got):
+            errors.append(f"a correct rewrite was judged wrong (exit {p.returncode}, failing: "
+                          f"{[l for ok, l in got if not ok]})")
+    else:
+        want = {m["todo"]} | set(m["also"])
+        if p.returncode == 0:
+            errors.append("the check exited 0 on a mutant")
+        if not failed:
+            errors.append(f"no TODO failed; TODO {m['todo']} should have")
+        elif failed[0] != m["todo"]:
+            errors.append(f"the first \u2718 names TODO {failed[0]}, not TODO {m['todo']}")
+        if failed and set(failed) != want:
+            errors.append(f"failing TODOs {sorted(set(failed))}, expected {sorted(want)}")
+    return errors
+
+
+def run_compile(ex, m, args):
+    opts = dict(zip(args[::2], args[1::2]))
+    log = opts["--log"]
+    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    with open(log, "w") as f:
+        b = subprocess.run(["cmake", "--build", opts["--build-dir"], "--target", opts["--target"]],
+                           stdout=f, stderr=subprocess.STDOUT)
+    if b.returncode == 0:
+        return [f"the mutant {opts['--target']} compiled; it should not"]
+    p = subprocess.run([sys.executable, CHECK_PY, "--exercise", ex, "--explain-build", log,
+                        "--source", opts["--source"]], capture_output=True, text=True)
+    sys.stdout.write(p.stdout + p.stderr)
+    errors = []
+    if p.returncode == 0:
+        errors.append("check.py --explain-build exited 0")
+    if not re.search(r"error", p.stdout):
+        errors.append("the compiler's error is not shown")
+    named = [label for ok, label in rows(p.stdout) if not ok]
+    if named != [m["todo"]]:
+        errors.append(f"the report names TODO(s) {named}, expected [{m['todo']}]")
+    if f"failed: {m['todo']}" not in p.stdout.splitlines():
+        errors.append(f"no 'failed: {m['todo']}' line")
+    return errors
+
+
+def main(argv):
+    ex, mid, mode, rest = argv[0], argv[1], argv[2], argv[3:]
+    m = mutant(ex, mid)
+    print(f"mutant {mid} ({m['kind']}): {m['what']} -> TODO {m['todo']}")
+    if mode == "check":
+        errors = run_check(ex, m, rest[1:] if rest[:1] == ["--"] else rest)
+    elif mode == "compile":
+        errors = run_compile(ex, m, rest)
+    else:
+        sys.stderr.write(__doc__)
+        return 2
+    for e in errors:
+        print(f"FAIL mutant {mid}: {e}")
+    if not errors:
+        print(f"OK mutant {mid}: " + ("passes, as it should" if m["kind"] == "equivalent"
+                                      else f"the check names TODO {m['todo']}"))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
