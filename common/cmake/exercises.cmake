@@ -29,7 +29,10 @@ function(kit_add_exercise name)
   kit_trainer(${short}-exercise ${CMAKE_SOURCE_DIR}/exercises/${name}/train.cpp)
   kit_trainer(${short}-solution ${CMAKE_SOURCE_DIR}/solutions/${name}/train.cpp)
 
-  set(stage_targets)
+  # Every build of this exercise as "stage:target:source", for the tests (tests/student): the
+  # exercise is stage 0, the solution the last stage.
+  set(builds "0:${short}-exercise:${CMAKE_SOURCE_DIR}/exercises/${name}/train.cpp"
+             "${last}:${short}-solution:${CMAKE_SOURCE_DIR}/solutions/${name}/train.cpp")
   if(KIT_BUILD_STAGES)
     foreach(k RANGE 1 ${last})
       string(LENGTH "${k}" len)
@@ -44,9 +47,10 @@ function(kit_add_exercise name)
         DEPENDS ${source} ${info} ${KIT_STAGES_PY}
         COMMENT "Rendering ${name} stage ${kk}")
       kit_trainer(${short}-stage-${kk} ${dir}/train.cpp)
-      list(APPEND stage_targets ${short}-stage-${kk})
+      list(APPEND builds "${k}:${short}-stage-${kk}:${dir}/train.cpp")
     endforeach()
   endif()
   set_property(GLOBAL APPEND PROPERTY KIT_EXERCISES ${name})
-  set_property(GLOBAL PROPERTY KIT_${short}_LAST_STAGE ${last})
+  set_property(GLOBAL PROPERTY KIT_${name}_TARGET ${short})
+  set_property(GLOBAL PROPERTY KIT_${name}_BUILDS ${builds})
 endfunction()
