@@ -30,8 +30,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               kit::Metrics& metrics, int64_t max_steps) {
   model->train();
   // The loss sum lives on the device: no GPU -> CPU copy in the hot loop.
-  auto total = state.epoch_loss_sum.defined() ? state.epoch_loss_sum
-                                              : torch::zeros({}, torch::TensorOptions().device(device));
+  auto total = state.epoch_loss_sum.defined()
+                   ? state.epoch_loss_sum
+                   : torch::zeros({}, torch::TensorOptions().device(device));
   for (kit::Batch batch : loader.from(state.step_in_epoch)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
@@ -48,8 +49,8 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   }
   auto mean = total / static_cast<double>(state.step_in_epoch);
   // TODO 10: `mean` is this rank's loss over the batches it saw, and every rank saw different
-  //          batches. Average it over all ranks (kit::all_reduce with kit::ReduceOp::AVG), so the
-  //          number reported describes the whole epoch and is the same on every rank.
+  //          batches. Replace it by its average over all ranks (a collective from kit/distributed.h),
+  //          so that the number reported describes the whole epoch and is the same on every rank.
   return mean;
 }
 

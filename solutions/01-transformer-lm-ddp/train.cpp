@@ -30,8 +30,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               kit::Metrics& metrics, int64_t max_steps) {
   model->train();
   // The loss sum lives on the device: no GPU -> CPU copy in the hot loop.
-  auto total = state.epoch_loss_sum.defined() ? state.epoch_loss_sum
-                                              : torch::zeros({}, torch::TensorOptions().device(device));
+  auto total = state.epoch_loss_sum.defined()
+                   ? state.epoch_loss_sum
+                   : torch::zeros({}, torch::TensorOptions().device(device));
   for (kit::Batch batch : loader.from(state.step_in_epoch)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
