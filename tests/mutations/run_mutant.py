@@ -4,6 +4,7 @@ tests/mutations/mutants.py and asserts that it names the mutant's TODO.
 
 usage: run_mutant.py EXERCISE ID check -- <check.py arguments>
        run_mutant.py EXERCISE ID compile --build-dir DIR --target TARGET --source FILE --log FILE
+                                          [--cmake CMAKE]
 
 `check`: kind "run" must fail with its first ✘ on the mutant's TODO and exactly the expected
 TODOs failing; kind "equivalent" must pass everything.
@@ -63,7 +64,8 @@ def run_compile(ex, m, args):
     log = opts["--log"]
     os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
     with open(log, "w") as f:
-        b = subprocess.run(["cmake", "--build", opts["--build-dir"], "--target", opts["--target"]],
+        b = subprocess.run([opts.get("--cmake", "cmake"), "--build", opts["--build-dir"],
+                            "--target", opts["--target"]],
                            stdout=f, stderr=subprocess.STDOUT)
     if b.returncode == 0:
         return [f"the mutant {opts['--target']} compiled; it should not"]
