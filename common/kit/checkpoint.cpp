@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <torch/serialize.h>
@@ -62,6 +64,20 @@ std::vector<std::string> complete_checkpoints(const std::string& dir) {
     ::closedir(d);
   }
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Folders of saves that never completed with a process group: "step-<n>.tmp".
+std::vector<std::string> leftover_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
+        names.push_back(n);
+    }
+    ::closedir(d);
+  }
   return names;
 }
 
@@ -147,9 +163,12 @@ Checkpoints::Checkpoints(const std::string& out_dir, std::string fingerprint, in
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   if (const char* s = std::getenv("KIT_STOP_AFTER_STEP"); s && *s) stop_after_ = std::atoll(s);
+  if (const char* s = std::getenv("KIT_STEP_DELAY_MS"); s && *s) step_delay_ms_ = std::atoll(s);
 }
 
 bool Checkpoints::stop_requested(TrainState& state) {
+  // Test-only pacing (see checkpoint.h): a slower step, the same numbers.
+  if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   bool mine = g_stop_signal != 0 || (stop_after_ > 0 && state.global_step == stop_after_);
   if (everyone()) {
     // Signals reach the ranks at slightly different moments: agree, so all stop after the same step.
@@ -172,6 +191,12 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
 
   if (rank == 0) {
     remove_tree(tmp);
+    // A save that died half-way (node failure, KIT_DIE_DURING_SAVE) leaves a step-N.tmp folder
+    // that nothing loads. A later save of the same step replaced it, but a stop's mid-epoch step
+    // is never saved again: remove every such leftover here (with a process group the run folder
+    // is this job's; single processes use per-pid names and leave the others' alone).
+    if (everyone())
+      for (const std::string& n : leftover_checkpoints(dir_)) remove_tree(dir_ + "/" + n);
     if (::mkdir(tmp.c_str(), 0755) != 0)
       throw std::runtime_error("checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
   }
@@ -179,6 +204,16 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
 
   // Each rank: its own random-number state (dropout masks differ per rank).
   write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
+  // Each rank's own loss sum of the epoch so far (the ranks see different batches), gathered into
+  // one vector: entry r is rank r's sum, exactly (the other ranks add zeros). Saving rank 0's sum
+  // for everybody made the resumed epoch's mean train loss differ from the uninterrupted run's.
+  torch::Tensor loss_sums = torch::zeros({world});
+  if (state.step_in_epoch > 0 && state.epoch_loss_sum.defined()) {  // the same on every rank
+    loss_sums = torch::zeros({world}, state.epoch_loss_sum.options());
+    loss_sums[rank] = state.epoch_loss_sum.detach();
+    if (everyone()) default_group().all_reduce(loss_sums, ReduceOp::SUM);
+    loss_sums = loss_sums.to(torch::kCPU);
+  }
   if (rank == 0) {
     torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
     model.save(model_archive);
@@ -189,9 +224,7 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
     archive.write("step_in_epoch", torch::tensor(state.step_in_epoch, torch::kLong));
     archive.write("global_step", torch::tensor(state.global_step, torch::kLong));
     archive.write("best_val_loss", torch::tensor(state.best_val_loss, torch::kDouble));
-    archive.write("epoch_loss_sum", state.epoch_loss_sum.defined()
-                                        ? state.epoch_loss_sum.detach().to(torch::kCPU)
-                                        : torch::zeros({}));
+    archive.write("epoch_loss_sum", loss_sums);  // [world]: one per rank
     write_atomically(tmp + "/state.pt", archive, "checkpoint");
     // Fault injection for the tests: die half-way through this save, as a node failure would.
     if (const char* d = std::getenv("KIT_DIE_DURING_SAVE"); d && std::atoll(d) == state.global_step)
@@ -288,8 +321,9 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
     state.step_in_epoch = entry("step_in_epoch").item<int64_t>();
     state.global_step = entry("global_step").item<int64_t>();
     state.best_val_loss = entry("best_val_loss").item<double>();
-    torch::Tensor t = entry("epoch_loss_sum");
-    state.epoch_loss_sum = state.step_in_epoch > 0 ? t.to(device) : torch::Tensor();
+    torch::Tensor t = entry("epoch_loss_sum");  // one entry per rank: this rank's own sum
+    if (t.dim() != 1 || t.size(0) != world) throw CheckpointError("epoch_loss_sum has the wrong shape");
+    state.epoch_loss_sum = state.step_in_epoch > 0 ? t[get_rank()].clone().to(device) : torch::Tensor();
   } catch (const std::exception& e) {
     std::string what = e.what();
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));

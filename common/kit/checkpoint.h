@@ -76,6 +76,8 @@ class Checkpoints {
   // warning before the time limit, or scancel): the ranks agree with a tiny all-reduce, so that
   // all stop after the same step. KIT_STOP_AFTER_STEP=n requests a stop after global step n
   // (for tests), and KIT_DIE_DURING_SAVE=n kills rank 0 in the middle of the save at step n.
+  // KIT_STEP_DELAY_MS=n (tests only) sleeps n ms here after every step: it makes a tiny training
+  // outlast a short time limit (tests/slurm/test_requeue.sh) without changing a single number.
   bool stop_requested(TrainState& state);
 
   const std::string& dir() const { return dir_; }
@@ -84,6 +86,7 @@ class Checkpoints {
   std::string dir_, fingerprint_;
   int keep_;
   int64_t stop_after_ = 0;
+  int64_t step_delay_ms_ = 0;
 };
 
 }  // namespace kit

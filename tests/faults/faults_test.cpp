@@ -1,0 +1,639 @@
+// Fault injection on the real trainer (ex01-solution) under the real launcher (ddprun), on CPU
+// with Gloo: a training must survive being stopped, a rank being killed, and rank 0 dying in the
+// middle of a checkpoint, without losing work, and a resumed training must be the uninterrupted
+// one bit for bit.
+//
+//   faults.Faults.StopAndResumeIsBitIdentical      KIT_STOP_AFTER_STEP at 7, 15 (the last step of
+//                                                  epoch 1) and 23, resuming after each stop
+//   faults.Faults.SignalStopsAndResumes/{USR1,TERM} a real signal sent to ddprun
+//   faults.Faults.Rank0DiesDuringSave/{EpochEnd,StopSave}  KIT_DIE_DURING_SAVE
+//   faults.KillRank.AtRandomStep/<seed>_<ranks>ranks  SIGKILL one rank at a random step, 20 times
+//
+// No LibTorch here: the test only starts programs and reads what they leave behind. Every test
+// makes a small corpus of its own (make_corpus, a few ms) and uses a tiny model.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The tiny model of the quick runs; 2 heads so that d_model 32 splits evenly.
+const std::vector<std::string> kModel = {"--d-model", "32", "--heads", "2", "--layers", "1",
+                                         "--feedforward", "64", "--seq-len", "16", "--batch-size", "8"};
+constexpr double kCollectiveTimeout = 10;  // KIT_TIMEOUT of every run, seconds
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) out.push_back(line);
+  return out;
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kit-faults-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    if (std::getenv("KIT_FAULTS_KEEP")) return;  // for a post-mortem
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Every process the tests start carries this tag in its environment, so that a test can tell
+// whether anything of a job is still alive.
+const std::string g_tag = "kit-faults-" + std::to_string(::getpid());
+
+// Our environment minus anything that would make a child a rank of some other job or change the
+// kit's behaviour, plus one thread per rank (two shared cores), a short collective timeout, the tag.
+std::map<std::string, std::string> clean_env(const std::map<std::string, std::string>& extra = {}) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = kv.substr(0, eq);
+    static const char* drop[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"};
+    bool skip = k.rfind("SLURM_", 0) == 0 || k.rfind("KIT_", 0) == 0;
+    for (auto d : drop) skip = skip || k == d;
+    if (!skip) env[k] = kv.substr(eq + 1);
+  }
+  env["OMP_NUM_THREADS"] = "1";
+  env["KIT_TIMEOUT"] = std::to_string(static_cast<int>(kCollectiveTimeout));
+  env["KIT_FAULTS_TAG"] = g_tag;
+  for (auto& [k, v] : extra) env[k] = v;
+  return env;
+}
+
+struct Result {
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal ended it
+  bool timed_out = false;
+  double seconds = 0;
+  std::string out, err;
+};
+
+std::ostream& operator<<(std::ostream& o, const Result& r) {
+  return o << "exit " << r.exit_code << ", signal " << r.signal << (r.timed_out ? ", TIMED OUT" : "")
+           << ", " << r.seconds << " s\n--- stderr ---\n" << r.err << "--- stdout ---\n" << r.out;
+}
+
+// One child process in its own process group, stdout/stderr into files.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+          const fs::path& dir, const std::string& name)
+      : out_(dir / (name + ".out")), err_(dir / (name + ".err")), start_(Clock::now()) {
+    std::vector<std::string> env_strings;
+    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    for (auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
+    cenv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int devnull = ::open("/dev/null", O_RDONLY);
+      ::dup2(devnull, 0);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      ::execve(cargv[0], cargv.data(), cenv.data());
+      std::fprintf(stderr, "exec %s: %s\n", cargv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid_, pid_);
+  }
+  ~Process() {
+    if (!reaped_) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Still running (not exited; an exited child stays unreaped until wait()).
+  bool running() {
+    if (reaped_) return false;
+    siginfo_t info{};
+    return ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == 0;
+  }
+
+  // Waits until the process exits or `timeout_s` (from its start) passed; then kills its group.
+  Result wait(double timeout_s) {
+    Result r;
+    auto deadline = start_ + std::chrono::duration<double>(timeout_s);
+    int status = 0;
+    for (;;) {
+      pid_t done = ::waitpid(pid_, &status, WNOHANG);
+      if (done == pid_) break;
+      if (Clock::now() > deadline) {
+        r.timed_out = true;
+        ::kill(-pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    reaped_ = true;
+    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    r.out = read_file(out_);
+    r.err = read_file(err_);
+    return r;
+  }
+
+ private:
+  fs::path out_, err_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  Clock::time_point start_;
+};
+
+// Processes that still carry our tag (zombies do not count), other than ourselves.
+std::vector<pid_t> tagged_processes() {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  const std::string needle = "KIT_FAULTS_TAG=" + g_tag;
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
+    if (stat.find(") Z ") != std::string::npos) continue;
+    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (env.compare(at, end == std::string::npos ? std::string::npos : end - at, needle) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+// The child of `parent` whose environment says RANK=<rank>, or -1.
+pid_t child_with_rank(pid_t parent, int rank) {
+  DIR* d = ::opendir("/proc");
+  pid_t found = -1;
+  const std::string want = "RANK=" + std::to_string(rank);
+  while (d && found < 0) {
+    dirent* e = ::readdir(d);
+    if (!e) break;
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != parent) continue;
+    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (env.compare(at, end == std::string::npos ? std::string::npos : end - at, want) == 0) found = pid;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  if (d) ::closedir(d);
+  return found;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The training and what it leaves behind
+// ---------------------------------------------------------------------------------------------
+
+// A small corpus of its own for every test process: 15 steps per epoch on 2 ranks.
+const fs::path& small_corpus() {
+  static TempDir dir;
+  static bool made = [] {
+    Process p({MAKE_CORPUS_EXE, "--out", (dir.path / "data").string(), "--train-tokens", "4000",
+               "--valid-tokens", "1200", "--test-tokens", "1200"},
+              clean_env(), dir.path, "make_corpus");
+    Result r = p.wait(60);
+    if (r.exit_code != 0) throw std::runtime_error("make_corpus failed: " + r.err);
+    return true;
+  }();
+  (void)made;
+  static fs::path data = dir.path / "data";
+  return data;
+}
+
+// ddprun --nproc-per-node N -- ex01-solution --data-dir <small> --out-dir OUT <model> ARGS
+std::vector<std::string> job(int ranks, const fs::path& out, const std::vector<std::string>& args) {
+  fs::create_directories(out);
+  std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", std::to_string(ranks), "--",
+                                   TRAINER_EXE, "--data-dir", small_corpus().string(),
+                                   "--out-dir", out.string()};
+  argv.insert(argv.end(), kModel.begin(), kModel.end());
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+Result run(const std::vector<std::string>& argv, const fs::path& dir, const std::string& name,
+           const std::map<std::string, std::string>& env = {}, double timeout_s = 90) {
+  Process p(argv, clean_env(env), dir, name);
+  return p.wait(timeout_s);
+}
+
+struct Row {
+  long step;
+  std::string loss;  // as written (%.9g): compared as text, i.e. bit for bit
+};
+
+// metrics.csv: the header, then one row per step: step,epoch,loss,...
+std::vector<Row> metrics(const fs::path& out, std::string* problem) {
+  std::vector<Row> rows;
+  auto lines = lines_of(read_file(out / "metrics.csv"));
+  if (lines.empty() || lines[0].rfind("step,epoch,loss,", 0) != 0) {
+    *problem = "metrics.csv has no header line";
+    return rows;
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::istringstream f(lines[i]);
+    std::string step, epoch, loss;
+    std::getline(f, step, ',');
+    std::getline(f, epoch, ',');
+    std::getline(f, loss, ',');
+    rows.push_back({std::atol(step.c_str()), loss});
+  }
+  return rows;
+}
+
+// The rows must be steps 1, 2, ..., n, each exactly once.
+::testing::AssertionResult every_step_once(const fs::path& out, long n) {
+  std::string problem;
+  auto rows = metrics(out, &problem);
+  if (!problem.empty()) return ::testing::AssertionFailure() << problem;
+  if (static_cast<long>(rows.size()) != n)
+    return ::testing::AssertionFailure() << "metrics.csv has " << rows.size() << " rows, expected " << n
+                                         << " (steps 1.." << n << " once each):\n"
+                                         << read_file(out / "metrics.csv");
+  for (long i = 0; i < n; ++i)
+    if (rows[static_cast<size_t>(i)].step != i + 1)
+      return ::testing::AssertionFailure() << "row " << i + 1 << " of metrics.csv is step "
+                                           << rows[static_cast<size_t>(i)].step << ":\n"
+                                           << read_file(out / "metrics.csv");
+  return ::testing::AssertionSuccess();
+}
+
+// Same losses at the same steps (as text, %.9g of a float32: bit for bit), and the same
+// model-final.pt bytes.
+void expect_same_training(const fs::path& expected, const fs::path& got) {
+  std::string p1, p2;
+  auto a = metrics(expected, &p1), b = metrics(got, &p2);
+  ASSERT_TRUE(p1.empty() && p2.empty()) << p1 << p2;
+  ASSERT_EQ(a.size(), b.size()) << "different numbers of steps in metrics.csv";
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].step, b[i].step) << "row " << i + 1;
+    EXPECT_EQ(a[i].loss, b[i].loss) << "loss at step " << a[i].step << " differs";
+  }
+  std::string m1 = read_file(expected / "model-final.pt"), m2 = read_file(got / "model-final.pt");
+  ASSERT_FALSE(m1.empty()) << expected / "model-final.pt";
+  EXPECT_TRUE(m1 == m2) << "model-final.pt differs from the uninterrupted run's ("
+                        << m1.size() << " vs " << m2.size() << " bytes)";
+}
+
+// The lines of rank 0 that a resumed run must repeat exactly: epoch summaries and the final loss.
+std::vector<std::string> summary_lines(const std::string& out) {
+  std::vector<std::string> keep;
+  for (auto& l : lines_of(out))
+    if (l.rfind("[", 0) == 0 || l.rfind("final test loss", 0) == 0) keep.push_back(l);
+  return keep;
+}
+
+std::string step_dir(long step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%09ld", step);
+  return name;
+}
+
+// The checkpoint folders of a run: complete ones (final names) and leftovers (*.tmp*).
+struct Checkpoints {
+  std::vector<long> complete;
+  std::vector<std::string> leftovers;
+};
+Checkpoints checkpoints(const fs::path& out) {
+  Checkpoints c;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(out / "checkpoints", ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("step-", 0) != 0) continue;
+    if (n.find(".tmp") != std::string::npos) c.leftovers.push_back(n);
+    else c.complete.push_back(std::atol(n.c_str() + 5));
+  }
+  std::sort(c.complete.begin(), c.complete.end());
+  return c;
+}
+
+// How many optimizer steps rank `rank` has finished, from its run trace.
+long traced_steps(const fs::path& trace_dir, int rank) {
+  return static_cast<long>(count(read_file(trace_dir / ("rank" + std::to_string(rank) + ".trace")), "ddp_step "));
+}
+
+// The uninterrupted reference, computed once per test process.
+struct Reference {
+  fs::path out;
+  Result result;
+};
+const Reference& reference(const std::vector<std::string>& args) {
+  static std::map<std::vector<std::string>, Reference> done;
+  static TempDir dir;
+  auto it = done.find(args);
+  if (it != done.end()) return it->second;
+  Reference ref;
+  ref.out = dir.path / ("ref" + std::to_string(done.size()));
+  ref.result = run(job(2, ref.out, args), dir.path, ref.out.filename().string());
+  return done.emplace(args, ref).first->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stop (KIT_STOP_AFTER_STEP) and resume: bit for bit the uninterrupted run
+// ---------------------------------------------------------------------------------------------
+
+// 2 epochs of 15 steps with dropout (so the random-number state matters). Stop after step 7
+// (mid epoch 1), resume and stop after 15 (the last step of epoch 1: the epoch's end, with its
+// validation and checkpoint, happens in the next run), resume and stop after 23 (mid epoch 2),
+// resume to the end.
+TEST(Faults, StopAndResumeIsBitIdentical) {
+  const std::vector<std::string> args = {"--epochs", "2", "--dropout", "0.1"};
+  const Reference& ref = reference(args);
+  ASSERT_EQ(ref.result.exit_code, 0) << ref.result;
+  std::string problem;
+  const long total = static_cast<long>(metrics(ref.out, &problem).size());
+  const long per_epoch = total / 2;
+  ASSERT_TRUE(problem.empty() && total % 2 == 0 && per_epoch >= 12) << problem << " " << total << " steps";
+
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  long previous = 0;
+  std::string all_out;
+  for (long k : {7L, per_epoch, per_epoch + 8}) {
+    Result r = run(job(2, out, args), tmp.path, "stop" + std::to_string(k),
+                   {{"KIT_STOP_AFTER_STEP", std::to_string(k)}});
+    ASSERT_EQ(r.exit_code, 0) << "a requested stop is a clean exit\n" << r;
+    EXPECT_NE(r.out.find("stopping after step " + std::to_string(k) + ": checkpoint " +
+                         (out / "checkpoints" / step_dir(k)).string() + " written"),
+              std::string::npos) << r;
+    if (previous > 0) {
+      EXPECT_NE(r.out.find("resuming from " + (out / "checkpoints" / step_dir(previous)).string()),
+                std::string::npos) << r;
+    }
+    EXPECT_EQ(r.out.find("final test loss"), std::string::npos) << "stopped, yet finished?\n" << r;
+    auto c = checkpoints(out);
+    ASSERT_FALSE(c.complete.empty());
+    EXPECT_EQ(c.complete.back(), k);
+    EXPECT_TRUE(c.leftovers.empty());
+    EXPECT_TRUE(every_step_once(out, k));
+    all_out += r.out;
+    previous = k;
+  }
+  Result r = run(job(2, out, args), tmp.path, "last");
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("resuming from " + (out / "checkpoints" / step_dir(per_epoch + 8)).string() +
+                       ": epoch 2, step " + std::to_string(per_epoch + 8)), std::string::npos) << r;
+  all_out += r.out;
+  EXPECT_TRUE(every_step_once(out, total));
+  expect_same_training(ref.out, out);
+  // Rank 0's epoch and final lines, over all four runs, are the uninterrupted run's.
+  EXPECT_EQ(summary_lines(all_out), summary_lines(ref.result.out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real signal to the launcher, as Slurm's warning (USR1) or scancel (TERM) would send it
+// ---------------------------------------------------------------------------------------------
+
+class SignalStop : public ::testing::TestWithParam<int> {};
+
+TEST_P(SignalStop, StopsAndResumesBitIdentical) {
+  const int sig = GetParam();
+  const std::vector<std::string> args = {"--epochs", "2", "--dropout", "0.1"};
+  const Reference& ref = reference(args);
+  ASSERT_EQ(ref.result.exit_code, 0) << ref.result;
+
+  TempDir tmp;
+  const fs::path out = tmp.path / "run", trace = tmp.path / "trace";
+  fs::create_directories(trace);
+  // 30 ms per step (test-only pacing): the signal lands in the middle of the training.
+  Process p(job(2, out, args),
+            clean_env({{"KIT_TRACE_DIR", trace.string()}, {"KIT_STEP_DELAY_MS", "30"}}), tmp.path, "signalled");
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (traced_steps(trace, 0) < 5 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(traced_steps(trace, 0), 5) << "training did not start\n" << p.wait(1);
+  ASSERT_EQ(::kill(p.pid(), sig), 0);
+  Result r = p.wait(30);
+  // ddprun exits 0 after USR1 (the ranks exited 0); after TERM it reports 128 + 15 itself.
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_EQ(r.exit_code, sig == SIGUSR1 ? 0 : 128 + SIGTERM) << r;
+  auto c = checkpoints(out);
+  ASSERT_FALSE(c.complete.empty()) << r;
+  const long k = c.complete.back();
+  EXPECT_NE(r.out.find("stopping after step " + std::to_string(k) + ": checkpoint"), std::string::npos) << r;
+  std::string problem;
+  const long total = static_cast<long>(metrics(ref.out, &problem).size());
+  EXPECT_LT(k, total) << "the training was over before the signal arrived\n" << r;
+  EXPECT_TRUE(every_step_once(out, k));
+
+  Result again = run(job(2, out, args), tmp.path, "resumed");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming from " + (out / "checkpoints" / step_dir(k)).string()),
+            std::string::npos) << again;
+  EXPECT_TRUE(every_step_once(out, total));
+  expect_same_training(ref.out, out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, SignalStop, ::testing::Values(SIGUSR1, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(i.param == SIGUSR1 ? "USR1" : "TERM");
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Rank 0 dies in the middle of a save
+// ---------------------------------------------------------------------------------------------
+
+// 3 epochs of 4 steps (--max-steps 4): checkpoints at steps 4, 8 and 12. Rank 0 kills itself
+// after writing state.pt of a checkpoint and before its MANIFEST and rename:
+//   EpochEnd: during the save at the end of epoch 2 (step 8);
+//   StopSave: during the save of a stop after step 6 (mid epoch 2; no later save has this name).
+// Each time the previous checkpoint (step 4) stays the newest complete one, the half-written one
+// is left as a .tmp folder that nothing loads, and the next run resumes from step 4, removes
+// the leftover at its first save and ends exactly as the uninterrupted training.
+class DieDuringSave : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DieDuringSave, PreviousCheckpointStaysLoadable) {
+  const bool stop_save = GetParam();
+  const std::vector<std::string> args = {"--epochs", "3", "--max-steps", "4"};
+  const Reference& ref = reference(args);
+  ASSERT_EQ(ref.result.exit_code, 0) << ref.result;
+  const long die_at = stop_save ? 6 : 8;
+
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  std::map<std::string, std::string> env = {{"KIT_DIE_DURING_SAVE", std::to_string(die_at)}};
+  if (stop_save) env["KIT_STOP_AFTER_STEP"] = std::to_string(die_at);
+  Result r = run(job(2, out, args), tmp.path, "dies", env, 60);
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r;
+  EXPECT_NE(r.err.find("ddprun: rank 0 "), std::string::npos) << "ddprun must name rank 0\n" << r;
+  EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r;
+
+  auto c = checkpoints(out);
+  ASSERT_EQ(c.complete, std::vector<long>{4}) << r;
+  ASSERT_EQ(c.leftovers, std::vector<std::string>{step_dir(die_at) + ".tmp"});
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / c.leftovers[0] / "state.pt"));
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / c.leftovers[0] / "MANIFEST"));
+
+  Result again = run(job(2, out, args), tmp.path, "resumed");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming from " + (out / "checkpoints" / step_dir(4)).string() +
+                           ": epoch 2, step 4"), std::string::npos) << again;
+  c = checkpoints(out);
+  EXPECT_TRUE(c.leftovers.empty()) << "the half-written checkpoint " << c.leftovers[0]
+                                   << " is still there after the next saves";
+  EXPECT_EQ(c.complete, (std::vector<long>{4, 8, 12}));
+  EXPECT_TRUE(every_step_once(out, 12));
+  expect_same_training(ref.out, out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, DieDuringSave, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "StopSave" : "EpochEnd");
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// SIGKILL one rank at a random step, 20 times
+// ---------------------------------------------------------------------------------------------
+
+// Seed s: 2 ranks for odd s, 4 for even s; the victim and the step (5..24) are drawn from s.
+// Epochs of 4 steps, so a checkpoint exists at every multiple of 4. Every time:
+//   * ddprun and every rank are gone within the collective timeout after the kill;
+//   * ddprun exits non-zero (137) and its line names the killed rank and SIGKILL;
+//   * the newest complete checkpoint loads: a follow-up run with --resume continues from it,
+//     trains one more epoch and finishes; metrics.csv then has every step exactly once.
+class KillRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillRank, AtRandomStep) {
+  const int seed = GetParam();
+  const int ranks = seed % 2 == 1 ? 2 : 4;
+  std::mt19937 rng(static_cast<unsigned>(seed) * 7919u);
+  const int victim = std::uniform_int_distribution<int>(0, ranks - 1)(rng);
+  const long at = std::uniform_int_distribution<long>(5, 24)(rng);
+  const long steps_per_epoch = 4;
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": " + std::to_string(ranks) + " ranks, SIGKILL rank " +
+               std::to_string(victim) + " after step " + std::to_string(at));
+
+  TempDir tmp;
+  const fs::path out = tmp.path / "run", trace = tmp.path / "trace";
+  fs::create_directories(trace);
+  const std::vector<std::string> args = {"--epochs", "1000", "--max-steps", std::to_string(steps_per_epoch)};
+  Process p(job(ranks, out, args), clean_env({{"KIT_TRACE_DIR", trace.string()}}), tmp.path, "killed");
+
+  // Training has reached step `at` on the victim when its trace shows that many reduced steps.
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (traced_steps(trace, victim) < at && Clock::now() < deadline && p.running())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(traced_steps(trace, victim), at) << "rank " << victim << " never got there\n" << p.wait(1);
+  const pid_t pid = child_with_rank(p.pid(), victim);
+  ASSERT_GT(pid, 0) << "no rank " << victim << " under ddprun";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const auto killed_at = Clock::now();
+
+  Result r = p.wait(60);
+  const double after_kill = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  std::printf("the job ended %.2f s after the kill of rank %d\n", after_kill, victim);
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_LT(after_kill, kCollectiveTimeout) << "the job took " << after_kill << " s to end\n" << r;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r;
+  bool named = false;
+  for (auto& line : lines_of(r.err))
+    if (line.rfind("ddprun: rank ", 0) == 0 && line.find(" died: ") != std::string::npos) {
+      named = true;
+      EXPECT_NE(line.find("ddprun: rank " + std::to_string(victim) + " (pid " + std::to_string(pid) + ")"),
+                std::string::npos) << "the first rank to die was rank " << victim << ": " << line << "\n" << r;
+      EXPECT_NE(line.find("SIGKILL"), std::string::npos) << line;
+    }
+  EXPECT_TRUE(named) << "ddprun did not say which rank died\n" << r;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(tagged_processes().empty()) << "processes of the job are still running";
+
+  auto c = checkpoints(out);
+  ASSERT_FALSE(c.complete.empty()) << "no checkpoint after " << at << " steps\n" << r;
+  const long newest = c.complete.back();
+  EXPECT_EQ(newest % steps_per_epoch, 0);
+  EXPECT_GE(newest, (at / steps_per_epoch - 1) * steps_per_epoch) << "checkpoints were lost";
+  const long epochs_done = newest / steps_per_epoch;
+
+  std::vector<std::string> more = {"--epochs", std::to_string(epochs_done + 1), "--max-steps",
+                                   std::to_string(steps_per_epoch), "--resume"};
+  Result again = run(job(ranks, out, more), tmp.path, "resumed");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming from " + (out / "checkpoints" / step_dir(newest)).string() +
+                           ": epoch " + std::to_string(epochs_done + 1) + ", step " + std::to_string(newest)),
+            std::string::npos) << again;
+  EXPECT_NE(again.out.find("final test loss"), std::string::npos) << again;
+  EXPECT_TRUE(fs::exists(out / "model-final.pt"));
+  EXPECT_TRUE(every_step_once(out, (epochs_done + 1) * steps_per_epoch));
+  EXPECT_TRUE(checkpoints(out).leftovers.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, KillRank, ::testing::Range(1, 21),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "seed" + std::to_string(i.param) + "_" +
+                                  std::to_string(i.param % 2 == 1 ? 2 : 4) + "ranks";
+                         });
+
+}  // namespace
