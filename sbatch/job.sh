@@ -17,6 +17,9 @@
 #   kit_job_port        the rendezvous port of this job: $KIT_MASTER_PORT if set, else
 #                       20000 + SLURM_JOB_ID % 10000 (the same as kit::port_for_job in common/).
 #   kit_show_job        prints what is about to run (node list, GPUs, tasks, rendezvous).
+#   kit_step CMD...     runs the job step CMD (srun ...) in the background, passes Slurm's
+#                       time-limit warning (USR1) and SIGTERM on to it, and requeues the job when
+#                       the trainer stopped at a checkpoint before the time limit (see below).
 #
 # Variables that kit_job_init sets:
 #   KIT_PROGRAM        the trainer: $KIT_BUILD/bin/NAME (or $KIT_PROGRAM as given by you)
@@ -36,6 +39,7 @@
 #   KIT_PROGRAM        another trainer to run, e.g. a stage checkpoint: a path, or a name in
 #                      $KIT_BUILD/bin
 #   KIT_DATA_DIR, KIT_OUT_DIR, KIT_MASTER_PORT   see above
+#   KIT_MAX_REQUEUES   how often one job may requeue itself (default 20)
 
 kit_die() {
   printf '%s: error: %s\n' "${KIT_JOB_NAME:-${SLURM_JOB_NAME:-job}}" "$*" >&2
@@ -215,4 +219,81 @@ kit_show_job() {
   kit_say "rendezvous: MASTER_ADDR=${MASTER_ADDR:-(unset)} MASTER_PORT=${MASTER_PORT:-(unset)}"
   kit_say "program: $KIT_PROGRAM"
   kit_say "data: $KIT_DATA, output: $KIT_OUT"
+  if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    kit_say "restart $SLURM_RESTART_COUNT of this job: the trainer continues from the newest" \
+      "checkpoint in $KIT_OUT"
+  fi
+}
+
+# --- Trainings longer than the time limit ------------------------------------------------------
+#
+# The job scripts ask for `#SBATCH --signal=B:USR1@120`: 120 s before the time limit Slurm sends
+# USR1 to the batch shell, and only to it (B:). A shell runs a trap only between two commands,
+# never while a foreground command runs, so kit_step starts the step in the background and
+# waits for it with `wait`, which a trapped signal interrupts. It passes the signal on to srun as
+# USR1, srun hands it to every task, and the trainer finishes its step, saves a checkpoint and
+# exits 0 (common/kit/checkpoint.h). If the training is not finished (no new model-final.pt),
+# kit_step requeues the job (`scontrol requeue`, allowed by `#SBATCH --requeue`) and ends the
+# script: the job keeps its id, hence its run folder runs/<name>-<id>, and the trainer resumes
+# from the newest checkpoint there; `#SBATCH --open-mode=append` keeps every run's output.
+# SIGTERM (scancel, preemption) is passed on the same way (as USR1, because srun answers a TERM
+# by killing the tasks), but never requeues: a cancelled job stays cancelled.
+
+KIT_STEP_PID=
+KIT_STOP_SIGNAL=   # USR1 or TERM once one arrived during kit_step
+KIT_GOT_SIGNAL=
+
+kit_pass_on() {
+  local sig=$1
+  KIT_GOT_SIGNAL=1
+  if [ "$sig" = TERM ]; then
+    KIT_STOP_SIGNAL=TERM
+    kit_say "SIGTERM (job cancelled or preempted): the training saves a checkpoint and stops"
+  else
+    [ "$KIT_STOP_SIGNAL" = TERM ] || KIT_STOP_SIGNAL=USR1
+    kit_say "SIGUSR1 (the time limit is near): the training saves a checkpoint and stops"
+  fi
+  kill -USR1 "$KIT_STEP_PID" 2>/dev/null || true
+}
+
+kit_step() {
+  local rc=0 started
+  started=$(date +%s)
+  KIT_STOP_SIGNAL=
+  "$@" &
+  KIT_STEP_PID=$!
+  trap 'kit_pass_on USR1' USR1
+  trap 'kit_pass_on TERM' TERM
+  while :; do
+    KIT_GOT_SIGNAL=
+    rc=0
+    wait "$KIT_STEP_PID" || rc=$?
+    [ -n "$KIT_GOT_SIGNAL" ] || break  # the step ended; otherwise a signal interrupted `wait`
+  done
+  trap - USR1 TERM
+  if [ "$rc" -eq 0 ] && [ "$KIT_STOP_SIGNAL" = USR1 ] && ! kit_training_finished "$started"; then
+    kit_requeue
+  fi
+  return "$rc"
+}
+
+# Did the trainer write model-final.pt at or after the time $1 (seconds since 1970)?
+kit_training_finished() {
+  local final=${KIT_OUT:-.}/model-final.pt
+  [ -f "$final" ] && [ "$(stat -c %Y "$final")" -ge "$1" ]
+}
+
+kit_requeue() {
+  local n=${SLURM_RESTART_COUNT:-0} max=${KIT_MAX_REQUEUES:-20} why
+  local again="submit again with KIT_OUT_DIR=${KIT_OUT:-<the run folder>} to continue from it"
+  [ "$n" -lt "$max" ] ||
+    kit_die "the training stopped at a checkpoint before the time limit, but this job was" \
+      "requeued $n times already (KIT_MAX_REQUEUES=$max): $again"
+  if ! why=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+    kit_die "the training stopped at a checkpoint before the time limit, but" \
+      "'scontrol requeue $SLURM_JOB_ID' failed (${why//$'\n'/ }): $again"
+  fi
+  kit_say "requeued job $SLURM_JOB_ID (restart $((n + 1))): the next run continues from the" \
+    "checkpoint in ${KIT_OUT:-the run folder}"
+  exit 0  # Slurm ends this run of the job now; nothing after the step may run
 }

@@ -309,8 +309,6 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
     archive.load_from(path + "/state.pt", device);
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
-    load_values(model, model_archive);
-    optimizer.load(optimizer_archive);
     // A fresh tensor per entry: reading into a defined tensor copies into its dtype.
     auto entry = [&](const char* key) {
       torch::Tensor t;
@@ -322,8 +320,11 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
     state.global_step = entry("global_step").item<int64_t>();
     state.best_val_loss = entry("best_val_loss").item<double>();
     torch::Tensor t = entry("epoch_loss_sum");  // one entry per rank: this rank's own sum
-    if (t.dim() != 1 || t.size(0) != world) throw CheckpointError("epoch_loss_sum has the wrong shape");
+    if (t.dim() != 1 || t.size(0) != world)
+      throw CheckpointError("epoch_loss_sum has shape " + c10::str(t.sizes()) + ", not [" + std::to_string(world) + "]");
     state.epoch_loss_sum = state.step_in_epoch > 0 ? t[get_rank()].clone().to(device) : torch::Tensor();
+    load_values(model, model_archive);  // last: everything above is read and checked first
+    optimizer.load(optimizer_archive);
   } catch (const std::exception& e) {
     std::string what = e.what();
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));

@@ -34,6 +34,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                    ? state.epoch_loss_sum
                    : torch::zeros({}, torch::TensorOptions().device(device));
   for (kit::Batch batch : loader.from(state.step_in_epoch)) {
+    // --max-steps ends the epoch early; checked first, so that a run resumed from a stop after
+    // the epoch's last step ends the epoch at once instead of training through the rest of it.
+    if (max_steps > 0 && state.step_in_epoch >= max_steps) break;
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
     auto loss = kit::lm_loss(model->forward(input), target);
@@ -45,7 +48,6 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
     ++state.global_step;
     metrics.step(state.epoch, loss);
     if (checkpoints.stop_requested(state)) return {};  // time is up: main() saves and leaves
-    if (state.step_in_epoch == max_steps) break;
   }
   auto mean = total / static_cast<double>(state.step_in_epoch);
   kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks

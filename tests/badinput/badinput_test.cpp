@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -430,19 +431,116 @@ TEST(BadInput, UnknownFlag) {
   EXPECT_EQ(r.exit_code, 2) << r;
 }
 
-// A corrupt checkpoint can only be tested once the trainer loads checkpoints (a resume flag).
-// Until then this test checks that --help offers no such flag and skips; when one appears, it
-// fails to ask for the real test.
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: damaged, truncated or foreign ones are refused before anything is loaded
+// ---------------------------------------------------------------------------------------------
+
+// A run folder with one checkpoint (step-000000003, 2 ranks, the quick settings), made by a real
+// 2-rank run under ddprun; each test damages its own copy.
+fs::path checkpointed_run(const fs::path& dir) {
+  const fs::path out = dir / "run";
+  fs::create_directories(out);
+  std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", "2", "--"};
+  for (auto& a : trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()})) argv.push_back(a);
+  Process p(argv, clean_env({}), dir, "make-checkpoint");
+  Result r = p.wait(60);
+  if (r.exit_code != 0 || !fs::exists(out / "checkpoints" / "step-000000003" / "MANIFEST"))
+    ADD_FAILURE() << "could not make a checkpoint to damage\n" << r;
+  return out;
+}
+
+fs::path checkpoint_dir(const fs::path& out) { return out / "checkpoints" / "step-000000003"; }
+
+// Runs `ranks` ranks of the trainer (quick settings plus `extra`) on the run folder `out`, each
+// rank a process of its own with its own stderr, and requires of every rank: a non-zero exit
+// within seconds and exactly one line on stderr, "rank R: error: checkpoint <dir> ...", with
+// every one of `words`. The checkpoint itself stays where it was.
+void expect_refused(const fs::path& dir, const fs::path& out, int ranks,
+                    std::initializer_list<std::string> words, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const int port = free_port();
+  std::vector<std::unique_ptr<Process>> procs;
+  for (int r = 0; r < ranks; ++r)
+    procs.push_back(std::make_unique<Process>(trainer(args), clean_env(rank_env(r, ranks, port, {{"KIT_TIMEOUT", "20"}})),
+                                              dir, "rank" + std::to_string(r)));
+  for (int r = 0; r < ranks; ++r) {
+    Result res = procs[static_cast<size_t>(r)]->wait(40);
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_one_clear_line(res, words);
+    auto lines = res.err_lines();
+    if (lines.size() == 1) {
+      const std::string head = "rank " + std::to_string(r) + ": error: checkpoint " + checkpoint_dir(out).string() + " ";
+      EXPECT_EQ(lines[0].rfind(head, 0), 0u) << "expected '" << head << "...', got: " << lines[0];
+    }
+    EXPECT_LT(res.seconds, 15) << res;
+    EXPECT_EQ(res.out.find("resuming from"), std::string::npos) << res;
+  }
+  EXPECT_TRUE(fs::exists(checkpoint_dir(out) / "MANIFEST")) << "the refused checkpoint must stay";
+}
+
+void overwrite(const fs::path& file, std::streamoff at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
 TEST(BadInput, CorruptCheckpoint) {
   TempDir tmp;
-  Process p({TRAINER_EXE, "--help"}, clean_env({}), tmp.path, "t");
+  const fs::path out = checkpointed_run(tmp.path);
+  const fs::path state = checkpoint_dir(out) / "state.pt";
+  overwrite(state, static_cast<std::streamoff>(fs::file_size(state) / 2), std::string(64, 'x'));
+  expect_refused(tmp.path, out, 2, {"is damaged", "state.pt fails its checksum", "nothing was loaded"});
+}
+
+TEST(BadInput, TruncatedCheckpoint) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path);
+  const fs::path state = checkpoint_dir(out) / "state.pt";
+  const auto size = fs::file_size(state);
+  fs::resize_file(state, size / 2);
+  expect_refused(tmp.path, out, 2,
+                 {"is damaged", "state.pt has " + std::to_string(size / 2) + " of " + std::to_string(size) + " bytes",
+                  "nothing was loaded"});
+}
+
+// Rank 1's random-number state is cut short: rank 0 refuses too (its own files are fine), so
+// that no rank ever trains on from a checkpoint that another rank cannot load.
+TEST(BadInput, TruncatedCheckpointOfAnotherRank) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path);
+  fs::resize_file(checkpoint_dir(out) / "rng-rank1.bin", 100);
+  expect_refused(tmp.path, out, 2, {"is damaged", "rng-rank1.bin has 100 of", "nothing was loaded"});
+}
+
+TEST(BadInput, CheckpointWithDamagedManifest) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path);
+  overwrite(checkpoint_dir(out) / "MANIFEST", 0, "garbage");
+  expect_refused(tmp.path, out, 2, {"has no valid MANIFEST", "nothing was loaded"});
+}
+
+TEST(BadInput, CheckpointOfAnotherModel) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path);
+  expect_refused(tmp.path, out, 2,
+                 {"was written for another configuration", "d_model=32", "d_model=64", "nothing was loaded"},
+                 {"--d-model", "64"});
+}
+
+TEST(BadInput, CheckpointOfAnotherRankCount) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path);
+  expect_refused(tmp.path, out, 3, {"was written by 2 ranks; this run has 3", "nothing was loaded"});
+}
+
+TEST(BadInput, ResumeWithoutCheckpoint) {
+  TempDir tmp;
+  Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", tmp.path.string(), "--resume"}), clean_env({}),
+            tmp.path, "t");
   Result r = p.wait(20);
-  ASSERT_EQ(r.exit_code, 0) << r;
-  ASSERT_NE(r.out.find("--data-dir"), std::string::npos) << r;
-  for (auto flag : {"--resume", "--checkpoint", "--load", "--init-from"})
-    ASSERT_EQ(r.out.find(flag), std::string::npos)
-        << "the trainer now has " << flag << ": write the corrupt-checkpoint test";
-  GTEST_SKIP() << "the trainer does not load checkpoints yet";
+  expect_one_clear_line(r, {"--resume: no checkpoint in " + (tmp.path / "checkpoints").string()});
+  EXPECT_LT(r.seconds, 15) << r;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 //
 //   faults.Faults.StopAndResumeIsBitIdentical      KIT_STOP_AFTER_STEP at 7, 15 (the last step of
 //                                                  epoch 1) and 23, resuming after each stop
+//   faults.Faults.StopAtTheLastStepOfAShortEpoch   the same at the last step of a --max-steps epoch
 //   faults.Faults.SignalStopsAndResumes/{USR1,TERM} a real signal sent to ddprun
 //   faults.Faults.Rank0DiesDuringSave/{EpochEnd,StopSave}  KIT_DIE_DURING_SAVE
 //   faults.KillRank.AtRandomStep/<seed>_<ranks>ranks  SIGKILL one rank at a random step, 20 times
@@ -450,6 +451,28 @@ TEST(Faults, StopAndResumeIsBitIdentical) {
   expect_same_training(ref.out, out);
   // Rank 0's epoch and final lines, over all four runs, are the uninterrupted run's.
   EXPECT_EQ(summary_lines(all_out), summary_lines(ref.result.out));
+}
+
+// Epochs cut short by --max-steps 4: stop after step 8, the last step of epoch 2. The resumed
+// run must end epoch 2 at once (validation, checkpoint) and go on with epoch 3, not train on
+// through the rest of epoch 2's batches.
+TEST(Faults, StopAtTheLastStepOfAShortEpoch) {
+  const std::vector<std::string> args = {"--epochs", "3", "--max-steps", "4"};
+  const Reference& ref = reference(args);
+  ASSERT_EQ(ref.result.exit_code, 0) << ref.result;
+
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  Result r = run(job(2, out, args), tmp.path, "stop", {{"KIT_STOP_AFTER_STEP", "8"}});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("stopping after step 8: checkpoint"), std::string::npos) << r;
+  Result again = run(job(2, out, args), tmp.path, "resumed");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming from " + (out / "checkpoints" / step_dir(8)).string() +
+                           ": epoch 2, step 8"), std::string::npos) << again;
+  EXPECT_TRUE(every_step_once(out, 12));
+  expect_same_training(ref.out, out);
+  EXPECT_EQ(summary_lines(r.out + again.out), summary_lines(ref.result.out));
 }
 
 // ---------------------------------------------------------------------------------------------
