@@ -4,30 +4,24 @@
 //
 // No LibTorch in this file: it only starts programs and reads what they print.
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-extern char** environ;
+#include "child_process.h"  // Process, Result, TempDir, clean_env, ... (tests/support)
 
 namespace fs = std::filesystem;
 
@@ -39,73 +33,22 @@ using Clock = std::chrono::steady_clock;
 const std::vector<std::string> kQuick = {"--epochs", "1", "--max-steps", "3", "--d-model", "32",
                                          "--layers", "1", "--seq-len", "16"};
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using kit_test::child_with_rank;
+using kit_test::free_port;
+using kit_test::Process;
+using kit_test::read_file;
+using kit_test::Result;
 
-std::vector<std::string> nonempty_lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) out.push_back(line);
-  return out;
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kit-badinput-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : kit_test::TempDir {
+  TempDir() : kit_test::TempDir("kit-badinput") {}
 };
 
-// A TCP port nobody listens on right now (the kernel picks it).
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(s);
-    return -1;
-  }
-  ::close(s);
-  return ntohs(a.sin_port);
-}
-
-// The environment of every child: ours, minus anything that would make it a rank of some job
-// or change the kit's behaviour, plus one intra-op thread (two cores are shared) and a tag that
-// lets a test find every process it started.
-std::string g_tag = "kit-badinput-" + std::to_string(::getpid());
+// Every child carries this tag in its environment (KIT_BADINPUT_TAG), so that a test can find
+// every process it started; see kit_test::clean_env for the rest of the environment.
+const std::string g_tag = "kit-badinput-" + std::to_string(::getpid());
 
 std::map<std::string, std::string> clean_env(const std::map<std::string, std::string>& extra) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    std::string k = kv.substr(0, eq);
-    static const char* drop[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"};
-    bool skip = k.rfind("SLURM_", 0) == 0 || k.rfind("KIT_", 0) == 0;
-    for (auto d : drop) skip = skip || k == d;
-    if (!skip) env[k] = kv.substr(eq + 1);
-  }
-  env["OMP_NUM_THREADS"] = "1";
-  env["KIT_BADINPUT_TAG"] = g_tag;
-  for (auto& [k, v] : extra) env[k] = v;
-  return env;
+  return kit_test::clean_env("KIT_BADINPUT_TAG", g_tag, extra);
 }
 
 std::map<std::string, std::string> rank_env(int rank, int world, int port,
@@ -118,89 +61,6 @@ std::map<std::string, std::string> rank_env(int rank, int world, int port,
   extra["MASTER_PORT"] = std::to_string(port);
   return extra;
 }
-
-struct Result {
-  int exit_code = -1;   // when it exited
-  int signal = 0;       // when a signal ended it
-  bool timed_out = false;
-  double seconds = 0;
-  std::string out, err;
-  std::vector<std::string> err_lines() const { return nonempty_lines(err); }
-};
-
-std::ostream& operator<<(std::ostream& o, const Result& r) {
-  return o << "exit " << r.exit_code << ", signal " << r.signal << (r.timed_out ? ", TIMED OUT" : "")
-           << ", " << r.seconds << " s\n--- stderr ---\n" << r.err << "--- stdout ---\n" << r.out;
-}
-
-// One child process: its own process group (so a timeout kills everything it started),
-// stdout/stderr into files (no pipe can fill up while we wait for another process).
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-          const fs::path& out_dir, const std::string& name)
-      : out_(out_dir / (name + ".out")), err_(out_dir / (name + ".err")), start_(Clock::now()) {
-    std::vector<std::string> env_strings;
-    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> cargv, cenv;
-    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    for (auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
-    cenv.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      ::dup2(devnull, 0);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      ::execve(cargv[0], cargv.data(), cenv.data());
-      std::fprintf(stderr, "exec %s: %s\n", cargv[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);  // also here: no race with the child's own call
-  }
-  ~Process() {
-    if (!reaped_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-
-  // Waits until the process exits or `timeout_s` passed (then kills its process group).
-  Result wait(double timeout_s) {
-    Result r;
-    auto deadline = start_ + std::chrono::duration<double>(timeout_s);
-    int status = 0;
-    for (;;) {
-      pid_t done = ::waitpid(pid_, &status, WNOHANG);
-      if (done == pid_) break;
-      if (Clock::now() > deadline) {
-        r.timed_out = true;
-        ::kill(-pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    reaped_ = true;
-    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-    r.out = read_file(out_);
-    r.err = read_file(err_);
-    return r;
-  }
-
- private:
-  fs::path out_, err_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  Clock::time_point start_;
-};
 
 std::vector<std::string> trainer(std::vector<std::string> args, bool quick = true) {
   std::vector<std::string> argv = {TRAINER_EXE};
@@ -221,56 +81,7 @@ void expect_one_clear_line(const Result& r, std::initializer_list<std::string> w
 }
 
 // Every process (still) carrying our tag, other than ourselves.
-std::vector<pid_t> tagged_processes() {
-  std::vector<pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  const std::string needle = "KIT_BADINPUT_TAG=" + g_tag;
-  while (dirent* e = ::readdir(d)) {
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
-    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
-    bool zombie = stat.find(") Z ") != std::string::npos;
-    for (size_t at = 0; !zombie && at < env.size();) {
-      size_t end = env.find('\0', at);
-      if (env.compare(at, end - at, needle) == 0) {
-        out.push_back(pid);
-        break;
-      }
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
-  }
-  ::closedir(d);
-  return out;
-}
-
-// Children of `parent` whose environment has RANK=<rank>.
-pid_t child_with_rank(pid_t parent, int rank) {
-  DIR* d = ::opendir("/proc");
-  pid_t found = -1;
-  while (d && found < 0) {
-    dirent* e = ::readdir(d);
-    if (!e) break;
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(stat.substr(close + 2));
-    std::string state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != parent) continue;
-    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
-    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos ||
-        env.rfind("RANK=" + std::to_string(rank) + '\0', 0) == 0)
-      found = pid;
-  }
-  if (d) ::closedir(d);
-  return found;
-}
+std::vector<pid_t> tagged_processes() { return kit_test::tagged_processes("KIT_BADINPUT_TAG", g_tag); }
 
 // ---------------------------------------------------------------------------------------------
 // Data

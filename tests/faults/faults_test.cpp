@@ -12,18 +12,13 @@
 //
 // No LibTorch here: the test only starts programs and reads what they leave behind. Every test
 // makes a small corpus of its own (make_corpus, a few ms) and uses a tiny model.
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,7 +30,7 @@
 
 #include <gtest/gtest.h>
 
-extern char** environ;
+#include "child_process.h"  // Process, Result, TempDir, clean_env, ... (tests/support)
 
 namespace fs = std::filesystem;
 
@@ -48,20 +43,11 @@ const std::vector<std::string> kModel = {"--d-model", "32", "--heads", "2", "--l
                                          "--feedforward", "64", "--seq-len", "16", "--batch-size", "8"};
 constexpr double kCollectiveTimeout = 10;  // KIT_TIMEOUT of every run, seconds
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) out.push_back(line);
-  return out;
-}
+using kit_test::child_with_rank;
+using kit_test::nonempty_lines;
+using kit_test::Process;
+using kit_test::read_file;
+using kit_test::Result;
 
 size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;
@@ -69,189 +55,23 @@ size_t count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kit-faults-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    if (std::getenv("KIT_FAULTS_KEEP")) return;  // for a post-mortem
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : kit_test::TempDir {
+  TempDir() : kit_test::TempDir("kit-faults", "KIT_FAULTS_KEEP") {}  // KIT_FAULTS_KEEP: for a post-mortem
 };
 
 // Every process the tests start carries this tag in its environment, so that a test can tell
 // whether anything of a job is still alive.
 const std::string g_tag = "kit-faults-" + std::to_string(::getpid());
 
-// Our environment minus anything that would make a child a rank of some other job or change the
-// kit's behaviour, plus one thread per rank (two shared cores), a short collective timeout, the tag.
+// The environment of kit_test::clean_env (ours minus rank/Slurm/KIT_ settings, one thread per
+// rank) plus a short collective timeout and the tag; `extra` wins over both.
 std::map<std::string, std::string> clean_env(const std::map<std::string, std::string>& extra = {}) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    std::string k = kv.substr(0, eq);
-    static const char* drop[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"};
-    bool skip = k.rfind("SLURM_", 0) == 0 || k.rfind("KIT_", 0) == 0;
-    for (auto d : drop) skip = skip || k == d;
-    if (!skip) env[k] = kv.substr(eq + 1);
-  }
-  env["OMP_NUM_THREADS"] = "1";
-  env["KIT_TIMEOUT"] = std::to_string(static_cast<int>(kCollectiveTimeout));
-  env["KIT_FAULTS_TAG"] = g_tag;
-  for (auto& [k, v] : extra) env[k] = v;
-  return env;
+  return kit_test::clean_env("KIT_FAULTS_TAG", g_tag, extra,
+                             {{"KIT_TIMEOUT", std::to_string(static_cast<int>(kCollectiveTimeout))}});
 }
-
-struct Result {
-  int exit_code = -1;  // when it exited
-  int signal = 0;      // when a signal ended it
-  bool timed_out = false;
-  double seconds = 0;
-  std::string out, err;
-};
-
-std::ostream& operator<<(std::ostream& o, const Result& r) {
-  return o << "exit " << r.exit_code << ", signal " << r.signal << (r.timed_out ? ", TIMED OUT" : "")
-           << ", " << r.seconds << " s\n--- stderr ---\n" << r.err << "--- stdout ---\n" << r.out;
-}
-
-// One child process in its own process group, stdout/stderr into files.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-          const fs::path& dir, const std::string& name)
-      : out_(dir / (name + ".out")), err_(dir / (name + ".err")), start_(Clock::now()) {
-    std::vector<std::string> env_strings;
-    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> cargv, cenv;
-    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    for (auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
-    cenv.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      ::dup2(devnull, 0);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      ::execve(cargv[0], cargv.data(), cenv.data());
-      std::fprintf(stderr, "exec %s: %s\n", cargv[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Process() {
-    if (!reaped_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  // Still running (not exited; an exited child stays unreaped until wait()).
-  bool running() {
-    if (reaped_) return false;
-    siginfo_t info{};
-    return ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-           info.si_pid == 0;
-  }
-
-  // Waits until the process exits or `timeout_s` (from its start) passed; then kills its group.
-  Result wait(double timeout_s) {
-    Result r;
-    auto deadline = start_ + std::chrono::duration<double>(timeout_s);
-    int status = 0;
-    for (;;) {
-      pid_t done = ::waitpid(pid_, &status, WNOHANG);
-      if (done == pid_) break;
-      if (Clock::now() > deadline) {
-        r.timed_out = true;
-        ::kill(-pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    reaped_ = true;
-    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-    r.out = read_file(out_);
-    r.err = read_file(err_);
-    return r;
-  }
-
- private:
-  fs::path out_, err_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  Clock::time_point start_;
-};
 
 // Processes that still carry our tag (zombies do not count), other than ourselves.
-std::vector<pid_t> tagged_processes() {
-  std::vector<pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  const std::string needle = "KIT_FAULTS_TAG=" + g_tag;
-  while (dirent* e = ::readdir(d)) {
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
-    if (stat.find(") Z ") != std::string::npos) continue;
-    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
-    for (size_t at = 0; at < env.size();) {
-      size_t end = env.find('\0', at);
-      if (env.compare(at, end == std::string::npos ? std::string::npos : end - at, needle) == 0) {
-        out.push_back(pid);
-        break;
-      }
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
-  }
-  ::closedir(d);
-  return out;
-}
-
-// The child of `parent` whose environment says RANK=<rank>, or -1.
-pid_t child_with_rank(pid_t parent, int rank) {
-  DIR* d = ::opendir("/proc");
-  pid_t found = -1;
-  const std::string want = "RANK=" + std::to_string(rank);
-  while (d && found < 0) {
-    dirent* e = ::readdir(d);
-    if (!e) break;
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::string stat = read_file(fs::path("/proc") / e->d_name / "stat");
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(stat.substr(close + 2));
-    std::string state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != parent) continue;
-    std::string env = read_file(fs::path("/proc") / e->d_name / "environ");
-    for (size_t at = 0; at < env.size();) {
-      size_t end = env.find('\0', at);
-      if (env.compare(at, end == std::string::npos ? std::string::npos : end - at, want) == 0) found = pid;
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
-  }
-  if (d) ::closedir(d);
-  return found;
-}
+std::vector<pid_t> tagged_processes() { return kit_test::tagged_processes("KIT_FAULTS_TAG", g_tag); }
 
 // ---------------------------------------------------------------------------------------------
 // The training and what it leaves behind
@@ -298,7 +118,7 @@ struct Row {
 // metrics.csv: the header, then one row per step: step,epoch,loss,...
 std::vector<Row> metrics(const fs::path& out, std::string* problem) {
   std::vector<Row> rows;
-  auto lines = lines_of(read_file(out / "metrics.csv"));
+  auto lines = nonempty_lines(read_file(out / "metrics.csv"));
   if (lines.empty() || lines[0].rfind("step,epoch,loss,", 0) != 0) {
     *problem = "metrics.csv has no header line";
     return rows;
@@ -351,7 +171,7 @@ void expect_same_training(const fs::path& expected, const fs::path& got) {
 // The lines of rank 0 that a resumed run must repeat exactly: epoch summaries and the final loss.
 std::vector<std::string> summary_lines(const std::string& out) {
   std::vector<std::string> keep;
-  for (auto& l : lines_of(out))
+  for (auto& l : nonempty_lines(out))
     if (l.rfind("[", 0) == 0 || l.rfind("final test loss", 0) == 0) keep.push_back(l);
   return keep;
 }
@@ -622,7 +442,7 @@ TEST_P(KillRank, AtRandomStep) {
   EXPECT_LT(after_kill, kCollectiveTimeout) << "the job took " << after_kill << " s to end\n" << r;
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r;
   bool named = false;
-  for (auto& line : lines_of(r.err))
+  for (auto& line : nonempty_lines(r.err))
     if (line.rfind("ddprun: rank ", 0) == 0 && line.find(" died: ") != std::string::npos) {
       named = true;
       EXPECT_NE(line.find("ddprun: rank " + std::to_string(victim) + " (pid " + std::to_string(pid) + ")"),
