@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -137,6 +138,23 @@ History single_process(Opt opt) {
   return run;
 }
 
+// Runs body(rank) for ranks 0..n-1, one thread each (the ranks of an in-process world must run
+// at once: their collectives wait for each other). Returns each rank's exception text, "" if none.
+std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // N ranks, one thread each. Rank 0 starts from the reference's weights; the other ranks start
 // from different random weights, which DDP's broadcast must overwrite.
 std::vector<History> distributed(int n, bool overlap, Opt opt, size_t first_bucket, size_t cap) {
@@ -147,28 +165,20 @@ std::vector<History> distributed(int n, bool overlap, Opt opt, size_t first_buck
   }
   auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
   std::vector<History> runs(n);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        kit::DistributedDataParallel::Options o;
-        o.overlap = overlap;
-        o.group = groups[r].get();
-        o.first_bucket_bytes = first_bucket;
-        o.bucket_cap_bytes = cap;
-        kit::DistributedDataParallel ddp(models[r], o);
-        auto optimizer = make_optimizer(opt, models[r]->parameters());
-        kit::DistributedSampler sampler(dataset().size(), true, kSamplerSeed, n, r);
-        sampler.set_epoch(0);
-        train(models[r], *optimizer, sampler, kGlobalBatch / n, runs[r]);
-        runs[r].stats = ddp.stats();
-        runs[r].buckets = ddp.buckets().size();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.overlap = overlap;
+    o.group = groups[r].get();
+    o.first_bucket_bytes = first_bucket;
+    o.bucket_cap_bytes = cap;
+    kit::DistributedDataParallel ddp(models[r], o);
+    auto optimizer = make_optimizer(opt, models[r]->parameters());
+    kit::DistributedSampler sampler(dataset().size(), true, kSamplerSeed, n, r);
+    sampler.set_epoch(0);
+    train(models[r], *optimizer, sampler, kGlobalBatch / n, runs[r]);
+    runs[r].stats = ddp.stats();
+    runs[r].buckets = ddp.buckets().size();
+  });
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
 }
@@ -309,19 +319,11 @@ TEST_P(Broadcast, DifferentlyInitialisedReplicasBecomeRankZeros) {
   }
 
   auto groups = kit::ProcessGroup::local_groups(n);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        kit::DistributedDataParallel::Options o;
-        o.group = groups[r].get();
-        kit::DistributedDataParallel ddp(models[r], o);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+  });
   for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 
   for (int r = 0; r < n; ++r) {
@@ -354,24 +356,16 @@ TEST(BroadcastDtypes, Float64ParametersAndInt64BuffersSurviveBitExact) {
   const auto w0 = models[0]->w.detach().clone();
   const auto counter0 = models[0]->counter.clone();
   auto groups = kit::ProcessGroup::local_groups(n);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
   std::vector<torch::Tensor> grads(n);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        kit::DistributedDataParallel::Options o;
-        o.group = groups[r].get();
-        kit::DistributedDataParallel ddp(models[r], o);
-        // loss = (r + 1) * sum(w^2): local gradient 2 (r + 1) w, average 2 w (n + 1) / 2.
-        auto loss = (models[r]->w * models[r]->w).sum() * double(r + 1);
-        loss.backward();
-        grads[r] = models[r]->w.grad().clone();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    // loss = (r + 1) * sum(w^2): local gradient 2 (r + 1) w, average 2 w (n + 1) / 2.
+    auto loss = (models[r]->w * models[r]->w).sum() * double(r + 1);
+    loss.backward();
+    grads[r] = models[r]->w.grad().clone();
+  });
   for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(torch::equal(models[r]->counter, counter0))
@@ -400,31 +394,23 @@ TEST(DDPUnusedParameters, BackwardFinishesAndAveragesTheUsedOnes) {
   const int n = 2;
   std::vector<PartlyUsed> models{PartlyUsed(), PartlyUsed()};
   auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        kit::DistributedDataParallel::Options o;
-        o.group = groups[r].get();
-        kit::DistributedDataParallel ddp(models[r], o);
-        for (int step = 1; step <= 2; ++step) {
-          for (auto& p : models[r]->parameters()) p.mutable_grad() = torch::Tensor();
-          // d sum(W x + b) / dW = x^T for each output row: rank r's input is all (r + 1).
-          models[r]->forward(torch::full({1, 4}, float(r + 1))).sum().backward();
-          EXPECT_TRUE(torch::allclose(models[r]->used->weight.grad(), torch::full({3, 4}, (n + 1) / 2.0f)))
-              << "rank " << r << ", step " << step << ": " << models[r]->used->weight.grad();
-          auto g = models[r]->unused->weight.grad();
-          if (g.defined()) {
-            EXPECT_EQ(g.abs().sum().item<float>(), 0.0f) << "rank " << r;
-          }
-          EXPECT_EQ(ddp.stats().steps, step);
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    for (int step = 1; step <= 2; ++step) {
+      for (auto& p : models[r]->parameters()) p.mutable_grad() = torch::Tensor();
+      // d sum(W x + b) / dW = x^T for each output row: rank r's input is all (r + 1).
+      models[r]->forward(torch::full({1, 4}, float(r + 1))).sum().backward();
+      EXPECT_TRUE(torch::allclose(models[r]->used->weight.grad(), torch::full({3, 4}, (n + 1) / 2.0f)))
+          << "rank " << r << ", step " << step << ": " << models[r]->used->weight.grad();
+      auto g = models[r]->unused->weight.grad();
+      if (g.defined()) {
+        EXPECT_EQ(g.abs().sum().item<float>(), 0.0f) << "rank " << r;
       }
-    });
-  for (auto& t : threads) t.join();
+      EXPECT_EQ(ddp.stats().steps, step);
+    }
+  });
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
