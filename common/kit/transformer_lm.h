@@ -9,6 +9,8 @@
 #include <torch/nn/modules/transformercoder.h>
 #include <torch/nn/pimpl.h>
 
+#include "kit/args.h"
+
 namespace kit {
 
 struct TransformerLMOptions {
@@ -19,6 +21,9 @@ struct TransformerLMOptions {
   int64_t feedforward = 256;
   double dropout = 0.1;
   int64_t max_len = 512;
+
+  // The sizes the trainers' flags ask for (kit/args.h), for a vocabulary of vocab_size words.
+  static TransformerLMOptions from(const TrainArgs& args, int64_t vocab_size);
 };
 
 class TransformerLMImpl : public torch::nn::Module {

@@ -142,15 +142,7 @@ int main(int argc, char** argv) {
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
   //@ end
 
-  kit::TransformerLMOptions model_options;
-  model_options.vocab_size = corpus.vocab.size();
-  model_options.d_model = args.d_model;
-  model_options.heads = args.heads;
-  model_options.layers = args.layers;
-  model_options.feedforward = args.feedforward;
-  model_options.dropout = args.dropout;
-  model_options.max_len = args.seq_len;
-  kit::TransformerLM model(model_options);
+  kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));
   model->to(device);
   //@ todo 8
   //@ | Wrap the model in kit::DistributedDataParallel. Each rank initialised its weights at

@@ -94,15 +94,7 @@ int main(int argc, char** argv) {
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
-  kit::TransformerLMOptions model_options;
-  model_options.vocab_size = corpus.vocab.size();
-  model_options.d_model = args.d_model;
-  model_options.heads = args.heads;
-  model_options.layers = args.layers;
-  model_options.feedforward = args.feedforward;
-  model_options.dropout = args.dropout;
-  model_options.max_len = args.seq_len;
-  kit::TransformerLM model(model_options);
+  kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));
   model->to(device);
   kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));

@@ -159,15 +159,7 @@ int main(int argc, char** argv) {
   const bool distributed = world_size > 1;
   const bool use_ddp = args.ddp == "on" || (args.ddp == "auto" && distributed);
 
-  kit::TransformerLMOptions mo;
-  mo.vocab_size = vocab;
-  mo.d_model = train.d_model;
-  mo.heads = train.heads;
-  mo.layers = train.layers;
-  mo.feedforward = train.feedforward;
-  mo.dropout = train.dropout;
-  mo.max_len = train.seq_len;
-  kit::TransformerLM model(mo);
+  kit::TransformerLM model(kit::TransformerLMOptions::from(train, vocab));
   model->to(device);
   model->train();
 
