@@ -6,6 +6,7 @@
 #                       folder by common/tools/stages.py and rebuilt when the source changes.
 # <target> comes from exercises/<name>/info.toml (e.g. "ex01").
 set(KIT_STAGES_PY ${CMAKE_SOURCE_DIR}/common/tools/stages.py)
+include(${CMAKE_CURRENT_LIST_DIR}/unity.cmake)
 
 function(kit_trainer target source)
   add_executable(${target} ${source})
@@ -34,7 +35,11 @@ function(kit_add_exercise name)
   set(builds "0:${short}-exercise:${CMAKE_SOURCE_DIR}/exercises/${name}/train.cpp"
              "${last}:${short}-solution:${CMAKE_SOURCE_DIR}/solutions/${name}/train.cpp")
   if(KIT_BUILD_STAGES)
-    foreach(k RANGE 1 ${last})
+    # Stages 1..last-1 (stage 0 is the exercise, the last the solution), compiled together as
+    # one family of programs (common/cmake/unity.cmake).
+    set(members "")
+    math(EXPR before_last "${last} - 1")
+    foreach(k RANGE 1 ${before_last})
       string(LENGTH "${k}" len)
       set(kk ${k})
       if(len EQUAL 1)
@@ -46,9 +51,14 @@ function(kit_add_exercise name)
         COMMAND ${Python3_EXECUTABLE} ${KIT_STAGES_PY} stage ${name} ${k} ${dir}
         DEPENDS ${source} ${info} ${KIT_STAGES_PY}
         COMMENT "Rendering ${name} stage ${kk}")
-      kit_trainer(${short}-stage-${kk} ${dir}/train.cpp)
+      list(APPEND members "${short}-stage-${kk}=${dir}/train.cpp")
       list(APPEND builds "${k}:${short}-stage-${kk}:${dir}/train.cpp")
     endforeach()
+    if(members)
+      kit_trainer_family(${short}-stages
+        PRELUDE ${CMAKE_SOURCE_DIR}/exercises/${name}/train.cpp ${CMAKE_SOURCE_DIR}/solutions/${name}/train.cpp
+        MEMBERS ${members})
+    endif()
   endif()
   set_property(GLOBAL APPEND PROPERTY KIT_EXERCISES ${name})
   set_property(GLOBAL PROPERTY KIT_${name}_TARGET ${short})

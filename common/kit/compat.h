@@ -1,8 +1,20 @@
-// kit/compat.h — the only place that knows LibTorch versions apart (1.13 on Debian, 2.x on the
-// clusters). Included by kit's .cpp files only; exercises and solutions never see it.
+// kit/compat.h — the only place that knows LibTorch versions and builds apart. Included by kit's
+// .cpp files only; exercises and solutions never see a version or backend difference.
+//
+// Supported: LibTorch 2.13 to 2.14 (what CI builds against; CMake refuses others, see
+// common/cmake/torch.cmake). Debian's LibTorch 1.13 is no longer supported and its branches are
+// gone. The differences handled here, each named where it is handled:
+//   1. autograd nodes are held by intrusive_ptr since 2.x (std::shared_ptr before): NodePtr.
+//   2. the collectives live on c10d::Backend, not on c10d::ProcessGroup (split in 2.0): Backend.
+//   3. Gloo has no AVG reduction (NCCL has): kGlooHasAvg, callers SUM and divide.
+//   4. Gloo has no reduce_scatter: kGlooHasReduceScatter, kit emulates it (process_group.cpp).
+//   5. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
+//   6. the Gloo headers are not in the pip wheel: the build takes them from Debian's
+//      libgloo-dev (common/CMakeLists.txt); only pointers to Gloo types cross into LibTorch.
 #pragma once
 
 #include <torch/version.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -12,20 +24,23 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#if TORCH_VERSION_MAJOR < 2
+#error "kit: LibTorch 2.x is required (see README: supported versions)"
+#endif
+
 namespace kit::compat {
 
-// 2.0 split "process group" (the user-facing object) from "backend" (Gloo, NCCL, ...); the
-// collectives we call live on the backend in 2.x and on ProcessGroup in 1.13.
-#if TORCH_VERSION_MAJOR >= 2
+// 1. Whatever smart pointer this LibTorch hands out for a parameter's gradient accumulator.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor>()));
+
+// 2. The object that runs the collectives.
 using Backend = c10d::Backend;
-#else
-using Backend = c10d::ProcessGroup;
-#endif
 using BackendPtr = c10::intrusive_ptr<Backend>;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-// Gloo has no AVG reduction in 1.13 (NCCL has had it since 2.10): callers SUM and divide.
+// 3. and 4.
 constexpr bool kGlooHasAvg = false;
+constexpr bool kGlooHasReduceScatter = false;
 
 inline BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                             std::chrono::milliseconds timeout) {
@@ -40,7 +55,9 @@ inline BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int ra
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
 
+// 5.
 #if defined(KIT_HAVE_NCCL)
+constexpr bool kHaveNccl = true;
 inline BackendPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                             std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -48,6 +65,8 @@ inline BackendPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int ra
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
 }
 inline void set_cuda_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+#else
+constexpr bool kHaveNccl = false;
 #endif
 
 }  // namespace kit::compat

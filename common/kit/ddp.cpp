@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "kit/buckets.h"
+#include "kit/compat.h"
 #include "kit/distributed.h"
 #include "kit/trace.h"
 
@@ -33,7 +34,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
   std::vector<Bucket> buckets;
   std::vector<std::vector<size_t>> assignment;   // buckets[k].params, for buckets()
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep them alive
+  std::vector<compat::NodePtr> accumulators;  // keep them alive
   std::vector<uintptr_t> hook_keys;
   std::vector<bool> ready;
   size_t next_launch = 0;        // buckets start strictly in order, the same on every rank

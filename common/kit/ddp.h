@@ -41,14 +41,18 @@ struct DDPStats {
   double last_wait_seconds = 0;
 };
 
+// DistributedDataParallel::Options (declared outside the class so that a default argument can
+// use it: `Options options = {}` inside the class is refused by Clang).
+struct DDPOptions {
+  bool overlap = true;                   // all-reduce during backward (false: after it)
+  size_t bucket_cap_bytes = 25u << 20;   // 25 MiB, as PyTorch
+  size_t first_bucket_bytes = 1u << 20;  // small, so the first all-reduce starts early
+  ProcessGroup* group = nullptr;         // default: the group of kit::setup()
+};
+
 class DistributedDataParallel {
  public:
-  struct Options {
-    bool overlap = true;                   // all-reduce during backward (false: after it)
-    size_t bucket_cap_bytes = 25u << 20;   // 25 MiB, as PyTorch
-    size_t first_bucket_bytes = 1u << 20;  // small, so the first all-reduce starts early
-    ProcessGroup* group = nullptr;         // default: the group of kit::setup()
-  };
+  using Options = DDPOptions;
 
   template <typename M>
   explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {})

@@ -159,11 +159,22 @@ Setup setup(uint64_t seed) {
 
   bool cuda = torch::cuda::is_available();
   const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0));
-  std::string backend = cuda ? "nccl" : "gloo";
-#if !defined(KIT_HAVE_NCCL)
-  backend = "gloo";
-#endif
-  if (const char* b = std::getenv("KIT_BACKEND"); b && *b) backend = b;
+  std::string backend = compat::kHaveNccl && cuda ? "nccl" : "gloo";
+  if (const char* b = std::getenv("KIT_BACKEND"); b && *b) {
+    backend = b;
+    if (backend != "nccl" && backend != "gloo")
+      throw SetupError("KIT_BACKEND=" + backend + " is not a backend: use nccl or gloo");
+    if (backend == "nccl" && !compat::kHaveNccl)
+      throw SetupError("KIT_BACKEND=nccl, but this LibTorch is a CPU build without NCCL: build "
+                       "against a CUDA build of torch, or use gloo");
+    if (backend == "nccl" && !cuda)
+      throw SetupError("KIT_BACKEND=nccl needs a GPU, but none is visible on this node "
+                       "(CUDA_VISIBLE_DEVICES, --gres?): use gloo, or run on a GPU node");
+  } else if (compat::kHaveNccl && !cuda && env.rank == 0) {
+    // Said once, by rank 0: the job runs, but not where the user probably thinks.
+    std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "
+                         "on the CPU with Gloo\n");
+  }
 
   c10::intrusive_ptr<c10d::Store> store;
   if (env.world_size == 1 && env.master_port == 0)

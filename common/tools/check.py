@@ -688,8 +688,10 @@ def explain_build(exercise, log_path, source):
     why = f"line {where}: {msg}" if where else msg
     named = None
     ident = [i for i in QUOTED.findall(msg) if i not in ("kit", "torch", "std")]
+    # GCC's and Clang's words for "this name is unknown here".
     if re.search(r"not declared|not a member|does not name a type|no such file|was not found|"
-                 r"undeclared|has no member", msg, re.I) and ident:
+                 r"undeclared|has no member|no member named|unknown type name|file not found",
+                 msg, re.I) and ident:
         giver = provider(parts, ident[0])
         if giver is not None and (block is None or giver["first"] <= block["first"]):
             named = giver
