@@ -6,10 +6,12 @@
 // gone. The differences handled here, each named where it is handled:
 //   1. autograd nodes are held by intrusive_ptr since 2.x (std::shared_ptr before): NodePtr.
 //   2. the collectives live on c10d::Backend, not on c10d::ProcessGroup (split in 2.0): Backend.
-//   3. Gloo has no AVG reduction (NCCL has): kGlooHasAvg, callers SUM and divide.
-//   4. Gloo has no reduce_scatter: kGlooHasReduceScatter, kit emulates it (process_group.cpp).
-//   5. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
-//   6. the Gloo headers are not in the pip wheel: the build takes them from Debian's
+//   3. (none left) 1.13's Gloo had no AVG and no reduce-scatter, and the kit emulated both. In
+//      2.13 Gloo has both; its reduce-scatter is itself an emulation inside c10d (an all-reduce
+//      of the whole buffer, of which each rank keeps its chunk: twice the traffic of NCCL's real
+//      one). The kit calls it as it is; kit/zero.h's byte counts assume the real algorithm.
+//   4. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
+//   5. the Gloo headers are not in the pip wheel: the build takes them from Debian's
 //      libgloo-dev (common/CMakeLists.txt); only pointers to Gloo types cross into LibTorch.
 #pragma once
 
@@ -38,10 +40,6 @@ using Backend = c10d::Backend;
 using BackendPtr = c10::intrusive_ptr<Backend>;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-// 3. and 4.
-constexpr bool kGlooHasAvg = false;
-constexpr bool kGlooHasReduceScatter = false;
-
 inline BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                             std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupGloo::Options::create();
@@ -55,7 +53,7 @@ inline BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int ra
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
 
-// 5.
+// 4.
 #if defined(KIT_HAVE_NCCL)
 constexpr bool kHaveNccl = true;
 inline BackendPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -29,6 +29,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   };
 
   ProcessGroup* group;
+  std::shared_ptr<ProcessGroup> keep_group;  // the default group stays valid (closed, not freed)
   Options options;
   std::vector<torch::Tensor> params;
   std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
@@ -137,7 +138,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  Options options)
     : reducer_(std::make_shared<Reducer>()) {
   Reducer& r = *reducer_;
-  r.group = options.group ? options.group : &default_group();
+  if (!options.group) r.keep_group = default_group_ptr();
+  r.group = options.group ? options.group : r.keep_group.get();
   r.options = options;
   for (auto& p : module->parameters())
     if (p.requires_grad()) r.params.push_back(p);
@@ -203,7 +205,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   if (trace::enabled())
     trace::record("ddp", "params=" + std::to_string(r.params.size()) +
                              " buckets=" + std::to_string(r.buckets.size()) +
-                             " overlap=" + std::to_string(options.overlap));
+                             " overlap=" + std::to_string(options.overlap) +
+                             " device=" + r.params[0].device().str());
 }
 
 DistributedDataParallel::~DistributedDataParallel() {

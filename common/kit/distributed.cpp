@@ -219,23 +219,62 @@ bool is_initialized() { return static_cast<bool>(g_group); }
 int get_rank() { return g_group ? g_group->rank() : 0; }
 int get_world_size() { return g_group ? g_group->size() : 1; }
 
-ProcessGroup& default_group() {
-  if (!g_group) throw SetupError("no process group: call kit::setup() first");
-  return *g_group;
-}
+namespace {
+bool g_destroyed = false;  // destroy_process_group() has run
 
-void all_reduce(torch::Tensor& tensor, ReduceOp op) {
+// site: where the trainer called it (nullptr: unknown, as for print0, whose printf-style
+// arguments leave no room for one).
+[[noreturn]] void after_destroy(const char* what, const CallSite* site) {
+  std::string where = site ? " (" + site->str() + ")" : "";
+  if (trace::enabled())
+    trace::record("after_destroy", std::string(what) + (site ? " site=" + site->str() : ""));
+  throw CommError("rank " + std::to_string(g_rank) + ": " + what + where +
+                  " after destroy_process_group(): the process group is closed. "
+                  "destroy_process_group() must be the last kit call of the program");
+}
+}  // namespace
+
+std::shared_ptr<ProcessGroup> default_group_ptr() {
+  if (!g_group && g_destroyed) after_destroy("a collective", nullptr);
+  if (!g_group) throw SetupError("no process group: call kit::setup() first");
+  return g_group;
+}
+ProcessGroup& default_group() { return *default_group_ptr(); }
+
+namespace {
+ProcessGroup& group_for(const char* what, const CallSite& site) {
+  if (!g_group && g_destroyed) after_destroy(what, &site);
+  return default_group();
+}
+}  // namespace
+
+void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
+  ProcessGroup& g = group_for("all_reduce", site);
   std::string before = trace::enabled() && tensor.numel() == 1
                            ? std::to_string(tensor.item<double>()) : "";
-  default_group().all_reduce(tensor, op);
+  g.all_reduce(tensor, op, site);
   if (!before.empty())
     trace::record("all_reduce", "op=" + std::to_string(static_cast<int>(op)) + " in=" + before +
                                     " out=" + std::to_string(tensor.item<double>()));
 }
 
-void barrier() { default_group().barrier(); }
+void broadcast(torch::Tensor& tensor, int root, CallSite site) {
+  group_for("broadcast", site).broadcast(tensor, root, site);
+}
+
+void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site) {
+  group_for("all_gather", site).all_gather(output, input, site);
+}
+
+void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op,
+                    CallSite site) {
+  group_for("reduce_scatter", site).reduce_scatter(output, input, op, site);
+}
+
+void barrier(CallSite site) { group_for("barrier", site).barrier(site); }
 
 void print0(const char* format, ...) {
+  if (g_destroyed) after_destroy("print0", nullptr);
   char buffer[4096];
   va_list args;
   va_start(args, format);
@@ -251,7 +290,9 @@ void print0(const char* format, ...) {
   std::fflush(stdout);  // a job's output file should show progress as it happens
 }
 
-void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path) {
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path,
+           CallSite site) {
+  if (g_destroyed) after_destroy("save0", &site);
   if (get_rank() == 0) {
     torch::serialize::OutputArchive archive;
     module->save(archive);
@@ -259,12 +300,16 @@ void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& 
   }
   trace::record("save0", path + (get_rank() == 0 ? " wrote" : " skipped"));
   // Nobody reads the file before it is complete (e.g. to evaluate the best model).
-  if (is_initialized() && get_world_size() > 1) barrier();
+  if (is_initialized() && get_world_size() > 1) g_group->barrier(site);
 }
 
 void destroy_process_group() {
+  if (g_destroyed) after_destroy("a second destroy_process_group()", nullptr);
   trace::record("destroy", "");
+  // Objects that hold the group (a DistributedDataParallel) see it closed, not freed.
+  if (g_group) g_group->shutdown();
   g_group.reset();
+  g_destroyed = true;
 }
 
 }  // namespace kit

@@ -30,15 +30,29 @@ struct Setup {
 // Collectives time out after KIT_TIMEOUT seconds (default 60).
 Setup setup(uint64_t seed = 0);
 
-bool is_initialized();
+bool is_initialized();  // between setup() and destroy_process_group()
 int get_rank();        // 0 when not initialized
 int get_world_size();  // 1 when not initialized
 ProcessGroup& default_group();  // the group setup() created
+std::shared_ptr<ProcessGroup> default_group_ptr();  // the same, for objects that outlive a call
 
-// In-place collective over the default group, e.g. the average loss of all ranks:
+// The collectives, over the default group. Every rank must call each of them, in the same order,
+// with tensors of the same shape and dtype: they meet by their position in that order, not by
+// name. A rank that skips one leaves the others waiting until KIT_TIMEOUT; with
+// KIT_DEBUG_COLLECTIVES=1 the ranks compare every call first and name the one that differs.
+//
+// In place: every rank ends with the reduction of all ranks' tensors, e.g. the average loss:
 //   kit::all_reduce(loss, kit::ReduceOp::AVG);
-void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
-void barrier();
+void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM, CallSite site = {});
+// Rank `root`'s values, copied into `tensor` on every rank.
+void broadcast(torch::Tensor& tensor, int root = 0, CallSite site = {});
+// Every rank's `input`, in rank order: output.numel() == world size x input.numel().
+void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site = {});
+// `input` is world size equal chunks; rank r gets chunk r, reduced over all ranks.
+void reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                    ReduceOp op = ReduceOp::SUM, CallSite site = {});
+// Returns once every rank has called it.
+void barrier(CallSite site = {});
 
 // printf() on rank 0 only, so the job's output has each line once instead of world_size times.
 void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -46,13 +60,15 @@ void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
 // Saves the module's parameters and buffers like torch::save, on rank 0 only; the other ranks
 // wait until the file is complete. The file is written to a temporary name, flushed and renamed,
 // so a crash mid-save never leaves a half-written checkpoint under the real name.
-void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path);
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path,
+           CallSite site = {});
 template <typename M>
-void save0(const torch::nn::ModuleHolder<M>& module, const std::string& path) {
-  save0(std::static_pointer_cast<torch::nn::Module>(module.ptr()), path);
+void save0(const torch::nn::ModuleHolder<M>& module, const std::string& path, CallSite site = {}) {
+  save0(std::static_pointer_cast<torch::nn::Module>(module.ptr()), path, site);
 }
 
-// Leaves the job: releases the process group and its connections. Call once, at the end.
+// Leaves the job: closes the process group and its connections. Call once, at the very end:
+// any collective, print0, save0 or DDP step after it is an error that says so.
 void destroy_process_group();
 
 }  // namespace kit

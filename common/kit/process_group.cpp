@@ -1,9 +1,14 @@
 // kit/process_group.cpp — ProcessGroup on top of c10d (see process_group.h).
 #include "kit/process_group.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "kit/compat.h"
+#include "kit/trace.h"
 
 namespace kit {
 
@@ -11,13 +16,37 @@ struct Work::Impl {
   compat::WorkPtr work;
   std::vector<torch::Tensor> tensors;
   torch::Tensor flat;    // defined: `tensors` travel packed in this one buffer (see all_reduce_async)
-  double divide_by = 0;  // > 0: this was an AVG done as SUM
+  torch::Tensor gathered, gather_into;  // all_gather through a list: copy the list into the output
+  std::vector<torch::Tensor> gather_list;
+  // For the error message: which call this is.
+  std::string what;      // "all_reduce #3 (train.cpp:56)"
+  int rank = 0;
+  int64_t timeout_s = 0;
 };
 
 struct ProcessGroup::Impl {
   compat::BackendPtr backend;
   c10::intrusive_ptr<c10d::Store> store;  // kept alive as long as the group
+  std::chrono::milliseconds timeout{0};
+  bool alive = true;
+  bool debug = false;  // KIT_DEBUG_COLLECTIVES=1: compare every call across ranks first
+  std::mutex mutex;    // DDP's hooks start collectives from autograd's threads
 };
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::MIN: return "MIN";
+  }
+  return "?";
+}
+
+std::string CallSite::str() const {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+}
 
 namespace {
 
@@ -37,40 +66,148 @@ std::string first_line(const std::string& what) {
   return what.substr(0, end);
 }
 
+std::string shape_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+// What a failed wait() most likely means, in words a student can act on.
+std::string explain(const std::string& error, const Work::Impl& w) {
+  std::string lower = error;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string who = "rank " + std::to_string(w.rank) + ": " + w.what;
+  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos)
+    return who + " timed out after " + std::to_string(w.timeout_s) +
+           " s: the other ranks never joined it. Usually a collective that not every rank calls "
+           "(one inside `if (rank == 0)`), or ranks calling collectives in a different order: "
+           "every rank must call every collective, in the same order";
+  if (lower.find("closed") != std::string::npos || lower.find("reset by peer") != std::string::npos ||
+      lower.find("broken pipe") != std::string::npos)
+    return who + " failed: another rank left the job (it died, or it finished without calling "
+           "this collective): " + first_line(error);
+  return who + " failed: " + first_line(error);
+}
+
 }  // namespace
 
 void Work::wait() {
   try {
     impl_->work->wait();
   } catch (const std::exception& e) {
-    throw CommError("collective failed (a rank died or timed out?): " + first_line(e.what()));
+    throw CommError(explain(e.what(), *impl_));
   }
   if (impl_->flat.defined()) {
-    if (impl_->divide_by > 0) impl_->flat.div_(impl_->divide_by);
     int64_t at = 0;
     for (auto& t : impl_->tensors) {
       t.copy_(impl_->flat.narrow(0, at, t.numel()).view(t.sizes()));
       at += t.numel();
     }
-  } else if (impl_->divide_by > 0) {
-    for (auto& t : impl_->tensors) t.div_(impl_->divide_by);
   }
+  if (!impl_->gather_list.empty())
+    impl_->gather_into.copy_(torch::cat(impl_->gather_list).view(impl_->gather_into.sizes()));
 }
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::string backend)
-    : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)) {}
+    : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)) {
+  const char* debug = std::getenv("KIT_DEBUG_COLLECTIVES");
+  impl_->debug = debug && std::strcmp(debug, "1") == 0 && size_ > 1;
+}
 
 ProcessGroup::~ProcessGroup() = default;
 
-Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op) {
+bool ProcessGroup::alive() const { return impl_->alive; }
+
+void ProcessGroup::shutdown() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->alive = false;
+  impl_->backend.reset();
+}
+
+// KIT_DEBUG_COLLECTIVES=1 (what `kit check` runs with; PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL
+// does the same): before each collective, the ranks all-gather a short description of it (its
+// number, kind, reduction, element count, dtype and source line) and compare. A rank that calls a
+// different collective, or the same one with another shape, is named at once, instead of a hang
+// until the timeout or silently wrong numbers.
+namespace {
+constexpr int64_t kFields = 6;
+const char* kKinds[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+int64_t kind_id(const char* kind) {
+  for (int64_t i = 0; i < 5; ++i)
+    if (std::strcmp(kKinds[i], kind) == 0) return i;
+  return -1;
+}
+}  // namespace
+
+std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::Tensor& t,
+                                                const char* op, const CallSite& site) {
   auto w = std::make_shared<Work::Impl>();
-  bool emulate_avg = op == ReduceOp::AVG && backend_ == "gloo" && !compat::kGlooHasAvg;
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
+  const int64_t seq = ++seq_;
+  w->what = std::string(kind) + " #" + std::to_string(seq) + " (" + site.str() + ")";
+  w->rank = rank_;
+  w->timeout_s = impl_->timeout.count() / 1000;
+  if (!impl_->alive)
+    throw CommError("rank " + std::to_string(rank_) + ": " + w->what +
+                    " after destroy_process_group(): the process group is closed. "
+                    "destroy_process_group() must be the last kit call of the program");
+  const int64_t bytes = t.defined() ? t.numel() * t.element_size() : 0;
+  stats_.calls[kind] += 1;
+  stats_.bytes[kind] += bytes;
+  if (trace::enabled())
+    trace::record("coll", "seq=" + std::to_string(seq) + " kind=" + kind + " op=" + op +
+                              " shape=" + (t.defined() ? shape_of(t) : "-") + " dtype=" +
+                              (t.defined() ? std::string(c10::toString(t.scalar_type())) : "-") +
+                              " site=" + site.str());
+  if (impl_->debug) {
+    const int64_t numel = t.defined() ? t.numel() : 0;
+    const int64_t dtype = t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1;
+    int64_t opid = -1;
+    for (ReduceOp o : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::MIN})
+      if (std::strcmp(op, to_string(o)) == 0) opid = static_cast<int64_t>(o);
+    auto mine = torch::tensor({seq, kind_id(kind), opid, numel, dtype, static_cast<int64_t>(site.line)},
+                              torch::TensorOptions().dtype(torch::kLong).device(
+                                  t.defined() ? t.device() : torch::Device(torch::kCPU)));
+    auto all = torch::empty({size_ * kFields}, mine.options());
+    std::vector<torch::Tensor> out{all}, in{mine};
+    auto check = std::make_shared<Work::Impl>(*w);
+    check->what = w->what + ", comparing it across ranks (KIT_DEBUG_COLLECTIVES)";
+    try {
+      check->work = impl_->backend->_allgather_base(all, mine);
+    } catch (const std::exception& e) {
+      throw CommError(explain(e.what(), *check));
+    }
+    Work(check).wait();
+    auto v = all.cpu();
+    auto at = [&](int r, int f) { return v[r * kFields + f].item<int64_t>(); };
+    for (int r = 0; r < size_; ++r) {
+      bool same = true;
+      for (int f = 0; f < kFields - 1; ++f) same = same && at(r, f) == at(rank_, f);
+      if (same) continue;
+      auto describe = [&](int who) {
+        int64_t k = at(who, 1);
+        std::string s = (k >= 0 && k < 5 ? kKinds[k] : "?") + std::string(" #") +
+                        std::to_string(at(who, 0)) + " of " + std::to_string(at(who, 3)) +
+                        " elements (line " + std::to_string(at(who, 5)) + ")";
+        return "rank " + std::to_string(who) + " called " + s;
+      };
+      throw CommError("rank " + std::to_string(rank_) + ": the ranks disagree on collective #" +
+                      std::to_string(seq) + ": " + describe(std::min(r, rank_)) + ", " +
+                      describe(std::max(r, rank_)) +
+                      ". Every rank must call every collective, in the same order, with the "
+                      "same shapes");
+    }
+  }
+  return w;
+}
+
+Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op,
+                                    CallSite site) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
   // c10d reads a list of tensors as "one tensor per local GPU": they must all have one shape,
   // and it reduces over the list too ({a, b} would come back as a + b in both). Several tensors
   // therefore travel packed in one flat buffer, unpacked in wait().
-  std::vector<torch::Tensor> send = tensors;
+  torch::Tensor send = tensors.empty() ? torch::Tensor() : tensors[0];
+  torch::Tensor flat;
   if (tensors.size() > 1) {
     std::vector<torch::Tensor> parts;
     for (auto& t : tensors) {
@@ -78,38 +215,101 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
         throw CommError("all_reduce: the tensors of one call must share one dtype and device");
       parts.push_back(t.detach().reshape(-1));
     }
-    w->flat = torch::cat(parts);
-    send = {w->flat};
+    flat = torch::cat(parts);
+    send = flat;
   }
+  auto w = enter("all_reduce", send, to_string(op), site);
+  w->flat = flat;
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  std::vector<torch::Tensor> list{send};
   try {
-    w->work = impl_->backend->allreduce(send, opts);
+    w->work = impl_->backend->allreduce(list, opts);
   } catch (const std::exception& e) {
-    throw CommError("all_reduce failed: " + first_line(e.what()));
+    throw CommError(explain(e.what(), *w));
   }
   w->tensors = std::move(tensors);
-  w->divide_by = emulate_avg ? size_ : 0;
   return Work(w);
 }
 
-void ProcessGroup::broadcast(torch::Tensor tensor, int root) {
-  std::vector<torch::Tensor> ts{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  auto w = std::make_shared<Work::Impl>();
-  try {
-    w->work = impl_->backend->broadcast(ts, opts);
-  } catch (const std::exception& e) {
-    throw CommError("broadcast failed: " + first_line(e.what()));
+void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
+  std::shared_ptr<Work::Impl> w;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    w = enter("broadcast", tensor, "-", site);
+    std::vector<torch::Tensor> ts{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    try {
+      w->work = impl_->backend->broadcast(ts, opts);
+    } catch (const std::exception& e) {
+      throw CommError(explain(e.what(), *w));
+    }
   }
   Work(w).wait();
 }
 
-void ProcessGroup::barrier() {
-  auto w = std::make_shared<Work::Impl>();
+Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, CallSite site) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (output.numel() != size_ * input.numel() || output.scalar_type() != input.scalar_type())
+    throw CommError("all_gather (" + site.str() + "): the output must hold world size (" +
+                    std::to_string(size_) + ") x the input's " + std::to_string(input.numel()) +
+                    " elements of the same dtype, it holds " + std::to_string(output.numel()));
+  auto w = enter("all_gather", input, "-", site);
+  auto in = input.contiguous();
   try {
-    w->work = impl_->backend->barrier();
+    if (output.is_contiguous()) {
+      // One flat buffer for everybody's part (c10d's "allgather into tensor").
+      w->work = impl_->backend->_allgather_base(output, in);
+    } else {
+      std::vector<std::vector<torch::Tensor>> outs(1);
+      for (int r = 0; r < size_; ++r) outs[0].push_back(torch::empty_like(in));
+      std::vector<torch::Tensor> ins{in};
+      w->work = impl_->backend->allgather(outs, ins);
+      w->gather_list = outs[0];
+      w->gather_into = output;
+    }
   } catch (const std::exception& e) {
-    throw CommError("barrier failed: " + first_line(e.what()));
+    throw CommError(explain(e.what(), *w));
+  }
+  return Work(w);
+}
+
+Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
+                                        CallSite site) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (input.numel() != size_ * output.numel() || output.scalar_type() != input.scalar_type())
+    throw CommError("reduce_scatter (" + site.str() + "): the input must hold world size (" +
+                    std::to_string(size_) + ") x the output's " + std::to_string(output.numel()) +
+                    " elements of the same dtype, it holds " + std::to_string(input.numel()));
+  auto w = enter("reduce_scatter", input, to_string(op), site);
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = to_c10d(op);
+  // c10d's flat reduce-scatter (on Gloo an all-reduce inside c10d: kit/compat.h, note 3).
+  auto out = output.is_contiguous() ? output : output.contiguous();
+  auto in = input.contiguous();
+  try {
+    w->work = impl_->backend->_reduce_scatter_base(out, in, opts);
+  } catch (const std::exception& e) {
+    throw CommError(explain(e.what(), *w));
+  }
+  if (!out.is_same(output)) {  // a non-contiguous output gets the result in wait()
+    w->flat = out;
+    w->tensors = {output};
+  }
+  return Work(w);
+}
+
+void ProcessGroup::barrier(CallSite site) {
+  std::shared_ptr<Work::Impl> w;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    w = enter("barrier", torch::Tensor(), "-", site);
+    try {
+      w->work = impl_->backend->barrier();
+    } catch (const std::exception& e) {
+      throw CommError(explain(e.what(), *w));
+    }
   }
   Work(w).wait();
 }
@@ -125,6 +325,7 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::local_groups(
     threads.emplace_back([&, r] {
       auto impl = std::make_shared<Impl>();
       impl->store = store;
+      impl->timeout = timeout;
       impl->backend = compat::make_gloo(store, r, n, timeout);
       groups[r] = std::make_shared<ProcessGroup>(impl, r, n, "gloo");
     });
@@ -132,15 +333,12 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::local_groups(
   return groups;
 }
 
-}  // namespace kit
-
-namespace kit {
-
 std::shared_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size, const std::string& backend,
                                                  std::chrono::milliseconds timeout) {
   auto impl = std::make_shared<ProcessGroup::Impl>();
   impl->store = store;
+  impl->timeout = timeout;
 #if defined(KIT_HAVE_NCCL)
   if (backend == "nccl") impl->backend = compat::make_nccl(store, rank, size, timeout);
 #endif

@@ -1,13 +1,23 @@
-// kit/process_group.h — ProcessGroup: a communicator (Gloo on CPU, NCCL on GPU) with the four
-// collectives the kit needs, and Work, the handle of one that runs in the background.
+// kit/process_group.h — ProcessGroup: a communicator (Gloo on CPU, NCCL on GPU) with the
+// collectives the kit needs, Work (the handle of one running in the background), CallSite (where
+// in the trainer a collective was called) and CommStats (what went over the wire).
 //
-// This is a thin, version-independent face on c10d: kit/compat.h hides the 1.13 / 2.x split.
-// Trainers do not touch it directly; setup() makes the default group and the free functions in
-// kit/distributed.h use it. Tests build several groups inside one process (local_groups()).
+// This is a thin, version-independent face on c10d: kit/compat.h hides what differs between
+// LibTorch versions and backends. Trainers use the free functions of kit/distributed.h, which
+// call the default group that setup() made; tests build several groups inside one process
+// (local_groups()).
+//
+// Every collective is traced (kit/trace.h) with its number in this group's sequence, its kind,
+// its tensor's shape and dtype and the line of the trainer that called it, so that `kit check`
+// can compare the ranks' sequences when a run hangs: every rank must call every collective, in
+// the same order, with the same shapes.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,9 +26,25 @@
 namespace kit {
 
 enum class ReduceOp { SUM, AVG, MAX, MIN };
+const char* to_string(ReduceOp op);
 
-// A collective in flight. wait() blocks until it is done and rethrows its error (a dead peer,
-// a timeout) as kit::CommError.
+// Where a collective was called from. Functions take it as a defaulted last argument, and the
+// compiler fills in the caller's file and line (as C++20's std::source_location, which Clang 14
+// cannot do with GCC's standard library).
+struct CallSite {
+  const char* file;
+  int line;
+  CallSite(const char* f = __builtin_FILE(), int l = __builtin_LINE()) : file(f), line(l) {}
+  std::string str() const;  // "train.cpp:56"
+};
+
+// Thrown when a collective fails: a peer died, it timed out, the shapes of the ranks differ, or
+// it was called after destroy_process_group(). what() is one line naming the collective.
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A collective in flight. wait() blocks until it is done and rethrows its error as CommError.
 class Work {
  public:
   struct Impl;
@@ -28,8 +54,10 @@ class Work {
   std::shared_ptr<Impl> impl_;
 };
 
-struct CommError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// Bytes this rank handed to each kind of collective (the tensors' sizes, not what the algorithm
+// sends on the wire), and how many calls: for reports such as exercise 03's communication table.
+struct CommStats {
+  std::map<std::string, int64_t> calls, bytes;  // by kind: "all_reduce", "all_gather", ...
 };
 
 class ProcessGroup {
@@ -42,21 +70,49 @@ class ProcessGroup {
   int size() const { return size_; }
   const std::string& backend() const { return backend_; }  // "gloo" or "nccl"
 
-  // In-place all-reduce of `tensors` (all of them in one collective). AVG on a backend without
-  // it runs SUM and divides afterwards, in wait().
-  Work all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op);
-  void all_reduce(torch::Tensor tensor, ReduceOp op) { all_reduce_async({tensor}, op).wait(); }
-  void broadcast(torch::Tensor tensor, int root);
-  void barrier();
+  // In-place all-reduce of `tensors` (all of them in one collective).
+  Work all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op, CallSite site = {});
+  void all_reduce(torch::Tensor tensor, ReduceOp op, CallSite site = {}) {
+    all_reduce_async({tensor}, op, site).wait();
+  }
+  // Rank `root`'s tensor, copied into `tensor` on every other rank.
+  void broadcast(torch::Tensor tensor, int root, CallSite site = {});
+  // output = the inputs of ranks 0..size-1, back to back: output.numel() == size * input.numel()
+  // (output may be flat or shaped [size, ...]).
+  Work all_gather_async(torch::Tensor output, torch::Tensor input, CallSite site = {});
+  void all_gather(torch::Tensor output, torch::Tensor input, CallSite site = {}) {
+    all_gather_async(output, input, site).wait();
+  }
+  // input holds size equal chunks; rank r gets chunk r reduced over all ranks:
+  // input.numel() == size * output.numel().
+  Work reduce_scatter_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
+                            CallSite site = {});
+  void reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op, CallSite site = {}) {
+    reduce_scatter_async(output, input, op, site).wait();
+  }
+  void barrier(CallSite site = {});
+
+  // After shutdown() every collective throws CommError naming the call: destroy_process_group()
+  // calls it, so work after it is one clear error, not a crash on a released connection.
+  void shutdown();
+  bool alive() const;
+
+  int64_t collectives() const { return seq_; }  // how many this rank has entered
+  const CommStats& stats() const { return stats_; }
 
   // N groups of one in-process world (HashStore + Gloo), one per rank, for thread-based tests.
   static std::vector<std::shared_ptr<ProcessGroup>> local_groups(
       int n, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
  private:
+  // Numbers the call, traces it, counts it; throws if the group is shut down.
+  std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
+                                    const CallSite& site);
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string backend_;
+  int64_t seq_ = 0;
+  CommStats stats_;
 };
 
 }  // namespace kit

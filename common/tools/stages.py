@@ -162,6 +162,25 @@ def last_stage(info, only=None):
     return last
 
 
+def lint(info):
+    """Rules the build relies on. Stages 1..last-1 are compiled together, each in a namespace of
+    its own after every header the exercise and solution include (common/cmake/unity.cmake), so
+    a stage that uses a header only a later TODO includes would compile there and fail on its
+    own. Hence: #include lines may only be in blocks of the file's first TODO."""
+    for f in info["files"]:
+        if f.get("lang", "cpp") != "cpp":
+            continue
+        parts = parse(os.path.join(ROOT, f["source"]))
+        blocks = [b for k, b in parts if k == "block" and not b["variant"]]
+        first = min((b["first"] for b in blocks), default=0)
+        for b in blocks:
+            if b["first"] != first and any(re.match(r"\s*#\s*include", l)
+                                           for l in b["exercise"] + b["solution"]):
+                raise AnnotationError(
+                    f"{f['source']}:{b['line']}: TODO {b['label']} has an #include line; only "
+                    f"TODO {first} may (see lint() in common/tools/stages.py)")
+
+
 def rendered_files(ex, stage, solution_file=False):
     info = load_info(ex)
     final = last_stage(info)
@@ -200,6 +219,7 @@ def cmd_check_or_write(write):
     stale = []
     for ex in list_exercises():
         info = load_info(ex)
+        lint(info)
         final = last_stage(info)
         for stage, key in ((0, "exercise"), (final, "solution")):
             for f, text in rendered_files(ex, stage, key == "solution"):
@@ -248,7 +268,9 @@ def main(argv):
                     out.write(text)
         return 0
     if cmd == "count" and len(args) in (1, 2):
-        print(last_stage(load_info(args[0]), args[1] if len(args) == 2 else None))
+        info = load_info(args[0])
+        lint(info)
+        print(last_stage(info, args[1] if len(args) == 2 else None))
         return 0
     if cmd == "todos" and len(args) in (1, 2):
         rows = todos(args[0])

@@ -171,8 +171,127 @@ TEST_P(Collectives, BarrierWaitsForTheLastRank) {
   });
 }
 
+TEST_P(Collectives, AllGatherPutsEveryRanksTensorInRankOrder) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    auto in = torch::tensor({float(r), float(10 * r + 1), float(-r)});
+    // Flat output, and an output shaped [n, 3] that is a non-contiguous view (a transpose).
+    auto flat = torch::full({3 * n}, -7.0f);
+    g.all_gather(flat, in);
+    auto shaped = torch::zeros({3, n}).t();
+    g.all_gather(shaped, in);
+    for (int k = 0; k < n; ++k) {
+      auto want = torch::tensor({float(k), float(10 * k + 1), float(-k)});
+      EXPECT_TRUE(torch::equal(flat.narrow(0, 3 * k, 3), want)) << "rank " << r << ": " << flat;
+      EXPECT_TRUE(torch::equal(shaped[k], want)) << "rank " << r << ": " << shaped;
+    }
+  });
+}
+
+TEST_P(Collectives, ReduceScatterGivesRankRItsReducedChunk) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    const int r = g.rank();
+    // Chunk k of rank r's input holds 100 * k + r (+ 0.5 in the second element).
+    auto in = torch::empty({2 * n});
+    for (int k = 0; k < n; ++k) {
+      in[2 * k] = float(100 * k + r);
+      in[2 * k + 1] = float(100 * k + r) + 0.5f;
+    }
+    const float ranks = n * (n - 1) / 2.0f;  // sum of r over ranks
+    auto sum = torch::zeros({2});
+    g.reduce_scatter(sum, in, kit::ReduceOp::SUM);
+    auto want = torch::tensor({100.0f * r * n + ranks, 100.0f * r * n + ranks + 0.5f * n});
+    EXPECT_TRUE(torch::allclose(sum, want, 0, 1e-4)) << "rank " << r << ": " << sum;
+    auto avg = torch::zeros({2});
+    g.reduce_scatter(avg, in, kit::ReduceOp::AVG);
+    EXPECT_TRUE(torch::allclose(avg, want / n, 0, 1e-5)) << "rank " << r << ": " << avg;
+    auto mx = torch::zeros({2});
+    g.reduce_scatter(mx, in, kit::ReduceOp::MAX);
+    EXPECT_EQ(mx[0].item<float>(), float(100 * r + n - 1)) << "rank " << r;
+  });
+}
+
+TEST_P(Collectives, StatsCountCallsAndBytesByKind) {
+  const int n = GetParam();
+  on_ranks(n, [n](kit::ProcessGroup& g) {
+    auto t = torch::zeros({5});
+    g.all_reduce(t, kit::ReduceOp::SUM);
+    g.all_reduce(t, kit::ReduceOp::SUM);
+    auto out = torch::zeros({5 * n});
+    g.all_gather(out, t);
+    g.barrier();
+    EXPECT_EQ(g.collectives(), 4);
+    EXPECT_EQ(g.stats().calls.at("all_reduce"), 2);
+    EXPECT_EQ(g.stats().bytes.at("all_reduce"), 2 * 5 * 4);
+    EXPECT_EQ(g.stats().bytes.at("all_gather"), 5 * 4);
+    EXPECT_EQ(g.stats().calls.at("barrier"), 1);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 4),
                          [](const auto& info) { return "N" + std::to_string(info.param); });
+
+// After shutdown() (what destroy_process_group() does) a collective is one CommError that names
+// the call and its line, never a crash on the released connection.
+TEST(CollectivesFailure, AfterShutdownEveryCollectiveIsACommErrorNamingTheCall) {
+  on_ranks(2, [](kit::ProcessGroup& g) {
+    g.barrier();
+    g.shutdown();
+    EXPECT_FALSE(g.alive());
+    auto t = torch::zeros({2});
+    try {
+      g.all_reduce(t, kit::ReduceOp::SUM); const int line = __LINE__;
+      ADD_FAILURE() << "no error";
+      (void)line;
+    } catch (const kit::CommError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("all_reduce #2"), std::string::npos) << what;
+      EXPECT_NE(what.find("unit_test.cpp:"), std::string::npos) << what;
+      EXPECT_NE(what.find("after destroy_process_group()"), std::string::npos) << what;
+    }
+    EXPECT_THROW(g.barrier(), kit::CommError);
+    auto out = torch::zeros({4});
+    EXPECT_THROW(g.all_gather(out, t), kit::CommError);
+  });
+}
+
+// KIT_DEBUG_COLLECTIVES=1: a rank that calls another collective, or the same one with another
+// shape, is named at once on every rank instead of a hang until the timeout.
+TEST(CollectivesFailure, DebugModeNamesRanksThatDisagree) {
+  ::setenv("KIT_DEBUG_COLLECTIVES", "1", 1);
+  auto groups = kit::ProcessGroup::local_groups(2, std::chrono::seconds(20));
+  ::unsetenv("KIT_DEBUG_COLLECTIVES");
+  std::vector<std::string> errors(2);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto& g = *groups[r];
+      auto ok = torch::ones({3});
+      g.all_reduce(ok, kit::ReduceOp::SUM);  // the same on both: passes
+      try {
+        if (r == 0) {
+          auto t = torch::ones({3});
+          g.all_reduce(t, kit::ReduceOp::SUM);
+        } else {
+          g.barrier();
+        }
+      } catch (const kit::CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10) << "the mismatch was found only by the timeout";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("disagree on collective #2"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 0 called all_reduce #2 of 3 elements"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 1 called barrier #2"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("same order"), std::string::npos) << errors[r];
+  }
+}
 
 // A collective that one rank never joins must end in a CommError after the group's timeout,
 // never in a hang (this is what a rank that died looks like to the others).
@@ -180,10 +299,20 @@ TEST(CollectivesFailure, MissingPeerGivesCommErrorAfterTheTimeout) {
   auto groups = kit::ProcessGroup::local_groups(2, std::chrono::milliseconds(1500));
   auto start = std::chrono::steady_clock::now();
   auto t = torch::ones({4});
-  EXPECT_THROW(groups[0]->all_reduce(t, kit::ReduceOp::SUM), kit::CommError);
+  std::string what;
+  try {
+    groups[0]->all_reduce(t, kit::ReduceOp::SUM);
+  } catch (const kit::CommError& e) {
+    what = e.what();
+  }
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(waited, 1.0);
   EXPECT_LT(waited, 20.0);
+  // The error says which collective, on which rank, after how long, and what usually causes it.
+  EXPECT_NE(what.find("rank 0: all_reduce #1 (unit_test.cpp:"), std::string::npos) << what;
+  EXPECT_NE(what.find("timed out after 1 s"), std::string::npos) << what;
+  EXPECT_NE(what.find("every rank must call every collective, in the same order"),
+            std::string::npos) << what;
 }
 
 // ---------------------------------------------------------------------------------------------
