@@ -39,6 +39,8 @@ Commands:
   stages.py count EX [FILE]           print the number of the last stage (of FILE's TODOs)
   stages.py todos EX [--json]         each TODO block: number, file, line in the exercise, code
   stages.py info EX                   the exercise's metadata as JSON
+  stages.py program EX                the program's exercise, solution and annotated files (its
+                                      first C++ file), relative to the repository
 """
 import difflib
 import json
@@ -181,6 +183,14 @@ def lint(info):
                     f"TODO {first} may (see lint() in common/tools/stages.py)")
 
 
+def program_file(info):
+    """The [[files]] entry of the exercise's program: its first C++ file."""
+    for f in info["files"]:
+        if f.get("lang", "cpp") == "cpp":
+            return f
+    raise AnnotationError(f"{info['name']}: info.toml lists no C++ file")
+
+
 def rendered_files(ex, stage, solution_file=False):
     info = load_info(ex)
     final = last_stage(info)
@@ -279,6 +289,10 @@ def main(argv):
         else:
             for r in rows:
                 print(f"TODO {r['todo']:>5}  {r['file']}:{r['line']}  {r['text'][:60]}")
+        return 0
+    if cmd == "program" and len(args) == 1:
+        f = program_file(load_info(args[0]))
+        print(f["exercise"], f["solution"], f["source"])
         return 0
     if cmd == "info" and len(args) == 1:
         print(json.dumps(load_info(args[0]), indent=1))

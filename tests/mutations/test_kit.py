@@ -46,8 +46,11 @@ class Repo:
                                 ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(src, os.path.join(self.dir, name))
+        # A LibTorch is named so that the copy's ./kit does not make a .venv of its own; the
+        # commands tested here never configure for real (kit check runs a stand-in cmake).
         self.env = dict(os.environ, KIT_NO_INSTALL="1", KIT_BUILD_DIR=os.path.join(work, "build"),
-                        LC_ALL="C.UTF-8")
+                        LC_ALL="C.UTF-8",
+                        CMAKE_PREFIX_PATH=os.environ.get("CMAKE_PREFIX_PATH", "/nonexistent"))
         self.files = [f["exercise"] for f in self.info()["files"]]
 
     def info(self):

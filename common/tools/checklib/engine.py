@@ -1,0 +1,151 @@
+"""The flow of one check: prepare the exercise's data, run the student's build alone, on N ranks
+of one node and with one rank per node, run the solution the same way (once, shared between
+checks with --reference-dir), let the exercise's rules judge, print the verdicts."""
+import argparse
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import tomllib
+
+from .build_errors import explain_build, not_judged_note
+from .runs import Locked, Run, read
+from .verdicts import CROSS, Verdicts, record
+
+TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(TOOLS))
+
+
+def load_rules(exercise):
+    """common/tools/rules/<target>.py for exercises/<exercise>/info.toml's target ("ex01"), and
+    the programs its check needs besides ddprun (info.toml's [check] tools)."""
+    info_path = os.path.join(ROOT, "exercises", exercise, "info.toml")
+    with open(info_path, "rb") as f:
+        info = tomllib.load(f)
+    return importlib.import_module(f"rules.{info['target']}"), info.get("check", {}).get("tools", [])
+
+
+class Check:
+    """What the rules see: the runs, the tools, the source, and where to put verdicts."""
+
+    def __init__(self, rules, args, workdir):
+        self.rules, self.args, self.workdir = rules, args, workdir
+        self.ranks = args.ranks
+        self.source = args.source
+        self.verdicts = Verdicts(getattr(rules, "LABELS", {}))
+        self.alone = self.many = self.nodes = self.reference = None
+
+    def tool(self, name):
+        """A program of the build (ddprun, make_corpus, ...): --<name> or --bin-dir/<name>."""
+        given = getattr(self.args, name.replace("-", "_"), None)
+        path = given or os.path.join(self.args.bin_dir or "", name)
+        return os.path.abspath(path)
+
+    def launch(self, binary, name, ranks, layout, data, flags):
+        return Run(os.path.join(self.workdir, name), ranks).launch(
+            binary, layout, data, self.tool("ddprun"), flags, getattr(self.rules, "RUN_ENV", None))
+
+
+def reference_run(check, directory, data):
+    """The solution's run. With --reference-dir it is made once and reused while the solution
+    binary and the flags stay the same (a lock keeps parallel checks from racing)."""
+    rules, solution, ranks = check.rules, check.args.solution, check.ranks
+    st = os.stat(solution)
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, rules.RUN_FLAGS,
+                      rules.data_key()])
+    stamp = os.path.join(directory, "key.json")
+    run = Run(os.path.join(directory, f"solution{ranks}"), ranks)
+    if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
+        return run.load()
+    run.launch(solution, "node", data, check.tool("ddprun"), rules.RUN_FLAGS,
+               getattr(rules, "RUN_ENV", None))
+    if run.code == 0:
+        with open(stamp, "w") as f:
+            f.write(key)
+    return run
+
+
+def parse_args(argv, doc):
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--exercise", required=True)
+    ap.add_argument("--explain-build", metavar="LOG",
+                    help="the build of --source failed with this log: explain and exit 1")
+    ap.add_argument("--binary")
+    ap.add_argument("--solution")
+    ap.add_argument("--bin-dir", help="where the build's programs are (ddprun, data tools)")
+    ap.add_argument("--ddprun")
+    ap.add_argument("--make-corpus")
+    ap.add_argument("--source", help="the trainer's source file")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--workdir")
+    ap.add_argument("--reference-dir", help="where the solution's run is kept and reused")
+    ap.add_argument("--record", metavar="FILE", help="write the result as JSON (for kit list)")
+    ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    a = ap.parse_args(argv)
+    if a.explain_build and not a.source:
+        ap.error("--explain-build needs --source")
+    if not a.explain_build:
+        missing = [o for o in ("binary", "solution") if not getattr(a, o)]
+        if missing:
+            ap.error("missing " + ", ".join("--" + m for m in missing))
+    return a
+
+
+def main(argv, doc):
+    a = parse_args(argv, doc)
+    if a.explain_build:
+        return explain_build(a.exercise, a.explain_build, a.source)
+    rules, tools = load_rules(a.exercise)
+    workdir = a.workdir or tempfile.mkdtemp(prefix="kit-check-")
+    os.makedirs(workdir, exist_ok=True)
+    check = Check(rules, a, workdir)
+    a.binary, a.solution = os.path.abspath(a.binary), os.path.abspath(a.solution)
+    for prog in [a.binary, a.solution] + [check.tool(t) for t in ["ddprun"] + tools]:
+        if not os.access(prog, os.X_OK):
+            sys.stderr.write(f"check: {prog} is not built\n")
+            return 2
+    if a.ranks < 2:
+        sys.stderr.write("check: --ranks must be at least 2\n")
+        return 2
+    ranks = a.ranks
+
+    print(f"check {a.exercise}: {a.binary}")
+    if a.reference_dir:
+        with Locked(a.reference_dir):
+            data = rules.prepare_data(check, a.reference_dir)
+            check.reference = reference_run(check, a.reference_dir, data)
+    else:
+        data = rules.prepare_data(check, workdir)
+    check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
+    # Work after destroy_process_group() fails even alone; the judges name its TODO.
+    if check.alone.failure() and not check.alone.events(0, "after_destroy"):
+        print(f"  {CROSS} the program does not run on its own: {check.alone.failure()}")
+        return 1
+    check.many = check.launch(a.binary, f"ranks{ranks}", ranks, "node", data, rules.RUN_FLAGS)
+    if check.many.failure():
+        print(f"  {CROSS} the program fails on {ranks} ranks: {check.many.failure()}")
+    if check.reference is None:
+        check.reference = reference_run(check, workdir, data)
+    if check.reference.failure():
+        print(f"  {CROSS} the solution itself fails: {check.reference.failure()}")
+        return 1
+    joined = all(check.many.events(r, "setup") for r in range(ranks))
+    if joined and check.many.finished() and getattr(rules, "NODES_FLAGS", None) is not None:
+        check.nodes = check.launch(a.binary, f"nodes{ranks}", ranks, "nodes", data,
+                                   rules.NODES_FLAGS)
+
+    v = check.verdicts
+    rules.judge(check)
+    v.print()
+    note = not_judged_note(a.exercise)
+    if note:
+        print(note)
+    print(f"passed: {','.join(v.passed()) or '-'}")
+    print(f"failed: {','.join(v.failed()) or '-'}")
+    if a.record:
+        record(a.record, a.exercise, a.source, v)
+    if not a.keep and not a.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if v.failed() else 0

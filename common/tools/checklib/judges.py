@@ -1,0 +1,350 @@
+"""Judgments shared by the DDP exercises, one per concept of the course ("setup", "sampler",
+"ddp", "all_reduce", ...). Each adds a verdict under the concept's name; the exercise's rules
+(common/tools/rules/) map the names to its TODO numbers. Each judges what the run did (the
+traces and the ranks' output), never the source text."""
+import math
+import os
+import re
+
+from .runs import epochs_of, first_pass, kv, read, same_device
+
+
+def reported(run, rank, rules):
+        """The loss lines this rank printed or would have printed (print0 records them all)."""
+        out = []
+        for pattern, parse in ((rules.LOSS_LINE, lambda m: tuple(map(float, m.groups()))),
+                               (rules.TEST_LINE, lambda m: float(m.group(1)))):
+            for lines in (run.events(rank, "print0"), run.logs[rank].splitlines()):
+                found = [parse(m) for m in map(pattern.search, lines) if m]
+                if found:  # print0's record first; a std::printf line only shows in the log
+                    break
+            out.append(found)
+        return tuple(out)
+
+
+def check_setup(v, run, nodes, source, ranks):
+    setups = {r: run.events(r, "setup") for r in range(ranks)}
+    included = source is not None and re.search(r'#\s*include\s+"kit/distributed\.h"',
+                                                 read(source))
+    called = all(setups[r] for r in range(ranks))
+    if included or called:
+        v.add("include", True, "the kit's distributed headers are included")
+    else:
+        v.add("include", False, "the kit's distributed headers are included",
+              "kit/distributed.h is not included, so setup() cannot be called")
+    what = "every rank joins the job with kit::setup() and drives its own device"
+    if not called:
+        v.add("setup", False, "every rank joins the job with kit::setup()",
+              f"setup() never ran: each of the {ranks} processes trained alone, as a world of 1")
+        return False
+    bad = []
+    for r in range(ranks):
+        s = kv(setups[r][0])
+        want_device = s.get("device", "")
+        if s.get("world_size") != str(ranks) or s.get("rank") != str(r):
+            bad.append(f"rank {r} reports rank {s.get('rank')} of {s.get('world_size')}")
+        elif want_device.startswith("cuda") and want_device != f"cuda:{s.get('local_rank')}":
+            bad.append(f"rank {r} runs on {want_device}, not cuda:{s.get('local_rank')}")
+    devices = [kv(setups[r][0]).get("device") for r in range(ranks)]
+    if any(d.startswith("cuda") for d in devices) and len(set(devices)) < ranks:
+        bad.append(f"ranks share GPUs: {devices}")
+    # Where the model really went. On one node rank == local rank, so a GPU numbered by the global
+    # rank only shows in the run with one rank per node.
+    if nodes is not None and nodes.failure():
+        bad.append(f"with every rank on a node of its own (rank != local rank) the trainer "
+                   f"fails: {nodes.failure()}")
+    else:
+        found = (nodes and device_mismatch(nodes, ranks, "with one rank per node")) or \
+            device_mismatch(run, ranks, "on one node")
+        if found:
+            bad.append(found)
+    v.add("setup", not bad, what, "; ".join(bad))
+    return True
+
+
+def device_mismatch(run, ranks, layout):
+    for r in range(ranks):
+        setup = kv(run.events(r, "setup")[0]) if run.events(r, "setup") else {}
+        want, local = setup.get("device", ""), setup.get("local_rank", "?")
+        asked = [kv(f).get("device", "") for f in run.events(r, "model_to")]
+        used = [kv(f).get("device", "") for f in run.events(r, "forward")]
+        for d in asked + used:
+            if d and want and not same_device(d, want):
+                index = d.partition(":")[2]
+                why = f"rank {r} (local rank {local}, {layout}) put the model on {d}, but setup() " \
+                      f"gave it {want}"
+                if index == str(r) and str(r) != local:
+                    why += ": that device is numbered by the global rank, but devices are " \
+                           "numbered per node (cuda:local_rank); use the device setup() returns"
+                else:
+                    why += ": use the device setup() returns"
+                return why
+    return None
+
+
+def check_samplers(v, run, ranks, reference):
+    """TODOs sampler and loader-*. Returns {split: the loader reads through a sampler}, {split: its size}, and
+    whether the training sampler shuffles."""
+    n_samplers = len(run.events(0, "sampler"))
+    sampler_problems, rows, uses, sizes = [], [], {}, {}
+    train_shuffles = True
+    for todo, split, name in (("loader-train", "train", "training"),
+                              ("loader-valid", "valid", "validation"), ("loader-test", "test", "test")):
+        per_rank = [first_pass(run, r, split) for r in range(ranks)]
+        full = set().union(*(first_pass(reference, r, split) for r in range(reference.ranks)))
+        sizes[split] = len(full)
+        sets = [set(p) for p in per_rank]
+        union = set().union(*sets)
+        shared = set.intersection(*sets) if ranks > 1 else set()
+        total = sum(len(p) for p in per_rank)
+        what = f"each rank reads its own part of the {name} split"
+        uses[split] = False
+        if not union:
+            rows.append((todo, False, what, f"no {name} batches were read"))
+            continue
+        if ranks > 1 and len(shared) == len(union):
+            rows.append((todo, False, what, f"all {ranks} ranks read all {len(union)} {name} "
+                         "samples: the loader has no sampler"))
+            continue
+        uses[split] = True
+        overlap = total - len(union)
+        own = True  # the loader reads through this split's own sampler
+        if overlap > ranks - 1:  # a DistributedSampler pads by at most ranks-1
+            # Every rank read a sampler-sized share, but the shares overlap: the samplers of the
+            # ranks disagree on the order (TODO 4), the loader itself is fine.
+            never = len(full - union)
+            sampler_problems.append(
+                f"the ranks' {name} slices overlap ({overlap} samples read by more than one rank, "
+                f"{never} by none): every rank must shuffle the same list the same way, so give "
+                "all ranks the same seed (args.seed, not a per-rank value)")
+            rows.append((todo, True, what, ""))
+        elif full and union != full:
+            own = False
+            rows.append((todo, False, what, f"together the ranks read {len(union & full)} of the "
+                         f"{len(full)} {name} samples: hand this loader the {name} split's sampler"))
+        else:
+            rows.append((todo, True, what, ""))
+        mine = per_rank[0]
+        ordered = mine == sorted(mine)
+        if not own:
+            pass  # whose sampler it reads through is TODO 5-7's problem, not the shuffle's
+        elif split == "train" and ordered and len(mine) > 2:
+            train_shuffles = False
+            sampler_problems.append("the training sampler does not shuffle (shuffle=true for the "
+                                    "training set)")
+        elif split != "train" and not ordered:
+            sampler_problems.append(f"the {name} sampler shuffles: evaluation reads its split in "
+                                    "order (shuffle=false; a DistributedSampler shuffles by default)")
+    what4 = "a DistributedSampler for each split"
+    if n_samplers < 3:
+        v.add("sampler", False, what4, f"{n_samplers} sampler(s) created on rank 0, expected 3 "
+              "(train, validation, test)")
+    else:
+        v.add("sampler", not sampler_problems, what4, "; ".join(sampler_problems))
+    for row in rows:
+        v.add(*row)
+    return uses, sizes, train_shuffles
+
+
+def check_ddp(v, run, ranks):
+    what = "the model copies stay identical (DistributedDataParallel)"
+    fps = [{kv(f)["step"]: kv(f)["params"] for f in run.events(r, "forward")} for r in range(ranks)]
+    steps = sorted(set.intersection(*(set(f) for f in fps)), key=int) if fps else []
+    if not steps:
+        v.add("ddp", False, what, "no training step was traced")
+        return
+    differ = [s for s in steps if len({f[s] for f in fps}) > 1]
+    reduced = all(run.events(r, "ddp_step") for r in range(ranks))
+    if differ and differ[0] == steps[0]:
+        v.add("ddp", False, what, f"the ranks start step {differ[0]} with different weights "
+              "(rank 0 vs rank 1 fingerprint differs): wrap the model in DistributedDataParallel")
+    elif differ:
+        why = f"the ranks start step {steps[0]} with the same weights but step {differ[0]} with " \
+              "different ones: the gradients were not averaged"
+        if not reduced:
+            why += "; the DistributedDataParallel object did not live through the training (a " \
+                   "temporary?): give it a name, so it lives until the end of main()"
+        v.add("ddp", False, what, why)
+    elif not reduced:
+        v.add("ddp", False, what, "the weights agree, but gradients were never averaged")
+    else:
+        v.add("ddp", True, what, "")
+
+
+def check_set_epoch(v, run, ranks, sampled, train_size, rules):
+    what = "a new shuffle in every epoch (set_epoch)"
+    if not sampled:
+        v.add("set_epoch", False, what, f"needs the training sampler first (TODOs {v.todo('sampler')} and "
+              f"{v.todo('loader-train')})")
+        return
+    passes = max((epochs_of(run, r, "train") for r in range(ranks)), key=len)
+    if len(passes) < 2:
+        v.add("set_epoch", False, what, "the run stopped before epoch 2 (see above)")
+        return
+    n = min(len(passes[0]), len(passes[1]))
+    if passes[0][:n] != passes[1][:n]:
+        v.add("set_epoch", True, what)
+        return
+    # The order did not change. Was the training sampler told each epoch before its batches?
+    events = run.traces[0]
+    starts, previous = [], None  # event index of each training pass's first batch
+    for i, (k, f) in enumerate(events):
+        if k == "batch":
+            split = f.partition(" ")[0]
+            if split == "train" and previous != "train":
+                starts.append(i)
+            previous = split
+    calls = [(i, f.split()[0], kv(f).get("size")) for i, (k, f) in enumerate(events)
+             if k == "set_epoch"]
+    train_calls = [(i, e) for i, e, size in calls if size in (None, str(train_size))]
+    on_time = all(any(e == str(p) and i < starts[p] and (p == 0 or i > starts[p - 1])
+                      for i, e in train_calls) for p in range(min(len(starts), rules.EPOCHS)))
+    if calls and not train_calls:
+        v.add("set_epoch", False, what, "set_epoch() was called, but on another sampler (one of "
+              f"{calls[0][2]} samples, the training set has {train_size}): call train_sampler.set_epoch")
+    elif train_calls and on_time:
+        # Told in time, yet the same order: the sampler does not shuffle or the loader reads
+        # through another one; TODOs 4-5 say which.
+        v.add("set_epoch", True, what, "")
+    elif train_calls and starts and train_calls[0][0] > starts[0]:
+        v.add("set_epoch", False, what, "set_epoch() is called after the epoch's batches were drawn, "
+              "so epoch 2 repeats the order of epoch 1: call it at the start of every epoch")
+    elif train_calls and len({e for _, e in train_calls}) == 1:
+        v.add("set_epoch", False, what, f"set_epoch() gets {train_calls[0][1]} in every epoch: pass the "
+              "epoch number")
+    else:
+        v.add("set_epoch", False, what, "epoch 2 read the training samples in exactly the order of "
+              "epoch 1: the sampler was not told the epoch")
+
+
+def check_all_reduce(v, run, ranks, rules):
+    what = "reported losses are averaged over all ranks"
+    reports = [reported(run, r, rules) for r in range(ranks)]
+    if not reports[0][0] or not reports[0][1]:
+        v.add("all_reduce", False, what, "rank 0 reported no loss lines")
+        return
+    for r in range(1, ranks):
+        rep = reports[r]
+        if not rep[0] and not rep[1]:
+            continue  # this rank never reached a print (print0 on rank 0 only): nothing to compare
+        if rep != reports[0]:
+            mine, theirs = reports[0], rep
+            a, b = (mine[1][0], theirs[1][0]) if mine[1] and theirs[1] else (mine[0][0][1], theirs[0][0][1])
+            v.add("all_reduce", False, what, f"rank 0 and rank {r} report different losses ({a:.5f} vs "
+                  f"{b:.5f}): each reported only its own share")
+            return
+    # What every rank put in and what rank 0 reported: the reported numbers must be the means.
+    calls = [[kv(f) for f in run.events(r, "all_reduce")] for r in range(ranks)]
+    n = min(len(c) for c in calls)
+    ins = [[float(calls[r][k]["in"]) for r in range(ranks)] for k in range(n)]
+    means = [sum(x) / ranks for x in ins]
+    sums = [sum(x) for x in ins]
+    own = [x[0] for x in ins]
+    epochs, tests = reports[0]
+    values = [(f"epoch {e + 1} training", t) for e, (t, _) in enumerate(epochs)] + \
+             [(f"epoch {e + 1} validation", val) for e, (_, val) in enumerate(epochs)] + \
+             [("test", t) for t in tests]
+    close = lambda x, ys: any(math.isclose(x, y, rel_tol=1e-6, abs_tol=rules.LOSS_TOL) for y in ys)  # noqa
+    for label, x in values:
+        if close(x, means):
+            continue
+        if close(x, sums):
+            why = f"the {label} loss {x:.5f} is the sum over the {ranks} ranks, not their mean: " \
+                  "ReduceOp::SUM without dividing by the world size; use kit::ReduceOp::AVG"
+        elif close(x, own):
+            why = f"the {label} loss {x:.5f} is rank 0's own value, not the mean over the ranks"
+        elif n == 0:
+            why = "no all_reduce was called"
+        else:
+            why = f"the {label} loss {x:.5f} is not the mean over the ranks of any all-reduced value"
+        v.add("all_reduce", False, what, why)
+        return
+    expected = 2 * rules.EPOCHS + 1  # train and validation per epoch, then test
+    if n < expected and run.finished():
+        v.add("all_reduce", False, what, f"only {n} of the {expected} losses were all-reduced")
+        return
+    v.add("all_reduce", True, what)
+
+
+def check_print0(v, run, ranks, rules):
+    what = "only rank 0 prints the losses (print0)"
+    noisy = [r for r in range(1, ranks)
+             if rules.LOSS_LINE.search(run.logs[r]) or rules.TEST_LINE.search(run.logs[r])]
+    if noisy:
+        v.add("print0", False, what, f"rank {noisy[0]} printed loss lines too, so the job output "
+              f"has every line {ranks} times")
+    elif not rules.LOSS_LINE.search(run.logs[0]) or not rules.TEST_LINE.search(run.logs[0]):
+        v.add("print0", False, what, "rank 0 printed no loss lines")
+    else:
+        v.add("print0", True, what)
+
+
+def split_at_destroy(run, rank):
+    """(events before destroy_process_group, events after it) of one rank."""
+    events = run.traces[rank]
+    at = next((i for i, (k, _) in enumerate(events) if k == "destroy"), len(events))
+    return events[:at], events[at + 1:]
+
+
+def check_save0(v, run, ranks, rules):
+    what = "only rank 0 writes the checkpoints (save0)"
+    names = rules.SAVED_FILES
+    calls = {r: [f for k, f in run.traces[r] if k == "save0"] for r in range(ranks)}
+    count = {r: {n: sum(1 for f in calls[r] if os.path.basename(f.split()[0]) == n) for n in names}
+             for r in range(ranks)}
+    problems, unsaved, missing = [], [], []
+    for name in names:
+        exists = os.path.isfile(os.path.join(run.out_dir, name))
+        short = [r for r in range(1, ranks) if count[r][name] < count[0][name]]
+        if short:
+            problems.append(f"only rank 0 called save0 for {name} (rank {short[0]} did not): save0 "
+                            "ends with a barrier that every rank must reach, so inside "
+                            "if (rank == 0) rank 0 waits for ranks that never come (a hang, or a "
+                            "crash once they exit); call it on every rank, it writes on rank 0 only")
+        elif not any(count[r][name] for r in range(ranks)):
+            if exists:
+                unsaved.append(name)
+            elif run.finished():
+                missing.append(name)
+    if unsaved:
+        problems.append(f"{' and '.join(unsaved)} written without save0: with torch::save every "
+                        f"one of the {ranks} ranks writes the same file at once")
+    if missing:
+        problems.append(f"{' and '.join(missing)} missing")
+    writers = sorted({r for r in range(1, ranks)
+                      for k, f in split_at_destroy(run, r)[0] if k == "save0" and f.endswith(" wrote")})
+    if writers:
+        problems.append(f"rank {writers[0]} wrote checkpoints too")
+    v.add("save0", not problems, what, "; ".join(problems))
+
+
+def check_destroy(v, run, ranks):
+    what = "the process group is closed at the end"
+    after = [(r, k, f) for r in range(ranks) for k, f in split_at_destroy(run, r)[1]
+             if k in ("save0", "print0", "all_reduce", "ddp_step", "forward", "coll",
+                      "after_destroy")]
+    destroyed = [r for r in range(ranks) if any(k == "destroy" for k, _ in run.traces[r])]
+    exits = [run.events(r, "exit") for r in range(ranks)]
+    if after:
+        r, k, f = after[0]
+        if k == "after_destroy":  # the kit refused the call: "save0 site=train.cpp:132"
+            call, site = f.split()[0], kv(f).get("site", "")
+            call = f"{call} ({site})" if site else call
+        else:
+            call = f"{k}({os.path.basename(f.split()[0]) if f else ''})"
+        v.add("destroy", False, what, f"destroy_process_group() ran before {call} on rank {r}: "
+              "the process group is closed by then; close it after the last print0/save0, as the "
+              "last kit call of the program")
+    elif run.finished() and any("group_alive=1" in e[-1] for e in exits if e):
+        v.add("destroy", False, what, "the process group was still alive when the program ended")
+    elif not run.finished() and not destroyed:
+        v.add("destroy", False, what, "the run stopped before the end (see above)")
+    elif not all(exits) and run.finished():
+        v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})")
+    else:
+        v.add("destroy", True, what)
+
+
+def final_test_loss(run, rules):
+    _, tests = reported(run, 0, rules)
+    return tests[-1] if tests else None

@@ -1,0 +1,191 @@
+"""Running a trainer for the check: one launch (alone, on the ranks of one node, or one rank per
+node), its exit code, per-rank logs and per-rank run traces (KIT_TRACE_DIR, common/kit/trace.h),
+and small readers of those traces."""
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+RUN_TIMEOUT = 300
+# Collectives of these tiny runs take milliseconds; a rank that waits this long waits for a rank
+# that will never come (e.g. save0 called on rank 0 only). Long enough for slow process starts.
+COLLECTIVE_TIMEOUT = "30"
+
+
+class Run:
+    """One launch of a trainer: its exit code, per-rank logs and per-rank traces.
+
+    layout: "alone" (one process, no launcher), "node" (ddprun: all ranks on this node) or
+    "nodes" (every rank alone on a simulated node of its own: RANK=r, LOCAL_RANK=0)."""
+
+    def __init__(self, directory, ranks):
+        self.dir, self.ranks = directory, ranks
+        self.code, self.stdout, self.stderr = None, "", ""
+
+    def paths(self):
+        return (os.path.join(self.dir, d) for d in ("trace", "log", "out"))
+
+    def launch(self, binary, layout, data, ddprun, flags, env_extra=None):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        trace_dir, log_dir, out_dir = self.paths()
+        for d in (trace_dir, log_dir, out_dir):
+            os.makedirs(d)
+        env = dict(os.environ, KIT_TRACE_DIR=trace_dir, KIT_TIMEOUT=COLLECTIVE_TIMEOUT,
+                   OMP_NUM_THREADS="1", **(env_extra or {}))
+        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                    "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            env.pop(var, None)
+        cmd = [binary] + (["--data-dir", data] if data else []) + ["--out-dir", out_dir] + flags
+        if layout == "nodes":
+            self.code, self.stdout, self.stderr = run_nodes(cmd, env, self.ranks, log_dir, self.dir)
+        else:
+            if layout == "node":
+                cmd = [ddprun, "--nproc-per-node", str(self.ranks), "--log-dir", log_dir, "--"] + cmd
+            try:
+                p = subprocess.run(cmd, env=env, cwd=self.dir, capture_output=True, text=True,
+                                   timeout=RUN_TIMEOUT)
+                self.code, self.stdout, self.stderr = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired:
+                self.code, self.stdout, self.stderr = -1, "", f"timed out after {RUN_TIMEOUT} s"
+            if layout == "alone":
+                with open(os.path.join(log_dir, "rank0.log"), "w") as f:
+                    f.write(self.stdout + self.stderr)
+                for p in os.listdir(trace_dir):  # no launcher, no RANK: named after the pid
+                    os.rename(os.path.join(trace_dir, p), os.path.join(trace_dir, "rank0.trace"))
+        with open(os.path.join(self.dir, "result.json"), "w") as f:
+            json.dump({"code": self.code, "stdout": self.stdout, "stderr": self.stderr}, f)
+        return self.load()
+
+    def load(self):
+        trace_dir, log_dir, self.out_dir = self.paths()
+        with open(os.path.join(self.dir, "result.json")) as f:
+            r = json.load(f)
+        self.code, self.stdout, self.stderr = r["code"], r["stdout"], r["stderr"]
+        self.logs = {r: read(os.path.join(log_dir, f"rank{r}.log")) for r in range(self.ranks)}
+        self.traces = {r: parse_trace(os.path.join(trace_dir, f"rank{r}.trace"))
+                       for r in range(self.ranks)}
+        return self
+
+    def events(self, rank, kind):
+        return [fields for k, fields in self.traces[rank] if k == kind]
+
+    def failure(self):
+        """One line about a crash, or None."""
+        if self.code == 0:
+            return None
+        why = last_line(self.stderr + self.stdout)
+        for r in range(self.ranks):  # the rank's own last words say more than the launcher's
+            line = last_line(self.logs.get(r, ""))
+            if line and re.search(r"error|what\(\)|terminate|abort|timed out|exception", line, re.I):
+                why = line if line.startswith(f"rank {r}") else f"rank {r}: {line}"
+                break
+        return f"exit code {self.code}: {why or 'no output'}"
+
+    def finished(self):
+        return self.code == 0
+
+
+def run_nodes(cmd, env, ranks, log_dir, cwd):
+    """Starts `ranks` processes as a job of `ranks` nodes with one rank each (what ddprun cannot
+    do): rank r has local rank 0. Stops them all when one fails. Returns (code, stdout, stderr)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(ranks):
+        e = dict(env, RANK=str(r), LOCAL_RANK="0", WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE="1",
+                 GROUP_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        log = open(os.path.join(log_dir, f"rank{r}.log"), "w")
+        procs.append((subprocess.Popen(cmd, env=e, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True), log))
+    deadline, code, why = time.time() + RUN_TIMEOUT, 0, ""
+    while any(p.poll() is None for p, _ in procs):
+        failed = [(r, p.returncode) for r, (p, _) in enumerate(procs) if p.returncode not in (None, 0)]
+        if failed or time.time() > deadline:
+            code = failed[0][1] if failed else -1
+            why = f"rank {failed[0][0]} exited with status {code}" if failed else \
+                f"timed out after {RUN_TIMEOUT} s"
+            break
+        time.sleep(0.1)
+    for p, log in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        log.close()
+    if not code:
+        bad = [(r, p.returncode) for r, (p, _) in enumerate(procs) if p.returncode != 0]
+        if bad:
+            code, why = bad[0][1], f"rank {bad[0][0]} exited with status {bad[0][1]}"
+    return code, "", why
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def last_line(text):
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+def parse_trace(path):
+    events = []
+    for line in read(path).splitlines():
+        kind, _, fields = line.partition(" ")
+        events.append((kind, fields))
+    return events
+
+
+def kv(fields):
+    return dict(part.split("=", 1) for part in fields.split() if "=" in part)
+
+
+def epochs_of(run, rank, split):
+    """The indices of `split` that `rank` read, one list per pass over the split (a pass is a
+    run of consecutive batches of that split: training and evaluation alternate)."""
+    passes, current = [], None
+    for kind, fields in run.traces[rank]:
+        if kind != "batch":
+            continue
+        name, _, idx = fields.partition(" ")
+        if name != split:
+            current = None
+            continue
+        if current is None:
+            current = []
+            passes.append(current)
+        current.extend(int(i) for i in idx.split(",") if i)
+    return passes
+
+
+def first_pass(run, rank, split):
+    passes = epochs_of(run, rank, split)
+    return passes[0] if passes else []
+
+
+def same_device(a, b):
+    norm = lambda d: "cpu" if d in ("cpu", "cpu:0") else d  # noqa: E731 (cpu:0 is the cpu)
+    return norm(a) == norm(b)
+
+
+class Locked:
+    def __init__(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        self.f = open(os.path.join(directory, ".lock"), "w")
+
+    def __enter__(self):
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()

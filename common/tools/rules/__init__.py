@@ -1,0 +1,12 @@
+"""Each exercise's rules for `kit check`: common/tools/rules/<target>.py, where <target> is the
+exercise's info.toml target ("ex01"). A rules module defines
+
+  RUN_FLAGS      the flags of every check run; NODES_FLAGS those of the one-rank-per-node run
+                 (None: no such run)
+  LABELS         concept -> TODO label, for the judges of checklib/judges.py
+  prepare_data(check, directory) -> the data folder the runs read (None: no data); programs
+                 of the build come from check.tool(name) (info.toml's [check] tools)
+  data_key()     what the data depends on (part of the reference run's cache key)
+  judge(check)   adds one verdict per TODO to check.verdicts, from check.many, check.nodes,
+                 check.alone and check.reference (checklib/engine.py)
+"""

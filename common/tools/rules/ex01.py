@@ -1,0 +1,63 @@
+"""Exercise 01 (a Transformer LM on WikiText-2): which run, which data, which TODO is which."""
+import math
+import os
+import re
+import subprocess
+
+from checklib import judges
+from checklib.verdicts import CROSS
+
+# Small and quick: the checks look at behaviour, not at model quality.
+RUN_FLAGS = ["--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
+             "--d-model", "32", "--heads", "2", "--layers", "1", "--feedforward", "64",
+             "--dropout", "0", "--seed", "7"]
+EPOCHS = 2
+# The run with one rank per node only has to show where each rank puts its model.
+NODES_FLAGS = list(RUN_FLAGS) + ["--max-steps", "2"]
+NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
+CORPUS_FLAGS = ["--train-tokens", "4000", "--valid-tokens", "1200", "--test-tokens", "1200",
+                "--seed", "3"]
+LOSS_LINE = re.compile(r"train loss ([0-9.]+), validation loss ([0-9.]+)")
+TEST_LINE = re.compile(r"test loss ([0-9.]+)")
+# Losses are printed with 5 decimals and traced with 6.
+LOSS_TOL = 2e-5
+SAVED_FILES = ("model-best.pt", "model-final.pt")
+
+LABELS = {"include": "1", "setup": "2-3", "sampler": "4", "loader-train": "5",
+          "loader-valid": "6", "loader-test": "7", "ddp": "8", "set_epoch": "9",
+          "all_reduce": "10", "print0": "11", "save0": "12", "destroy": "13"}
+
+
+def data_key():
+    return CORPUS_FLAGS
+
+
+def prepare_data(check, directory):
+    data = os.path.join(directory, "corpus")
+    if not os.path.isfile(os.path.join(data, "wiki.test.tokens")):
+        subprocess.run([check.tool("make_corpus"), "--out", data] + CORPUS_FLAGS, check=True,
+                       capture_output=True)
+    return data
+
+
+def judge(check):
+    v, many, ranks = check.verdicts, check.many, check.ranks
+    if judges.check_setup(v, many, check.nodes, check.source, ranks):
+        uses, sizes, _ = judges.check_samplers(v, many, ranks, check.reference)
+        judges.check_ddp(v, many, ranks)
+        judges.check_set_epoch(v, many, ranks, uses.get("train"), sizes.get("train"), check.rules)
+    else:
+        for concept in ("sampler", "loader-train", "loader-valid", "loader-test", "ddp",
+                        "set_epoch"):
+            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1")
+    judges.check_all_reduce(v, many, ranks, check.rules)
+    judges.check_print0(v, many, ranks, check.rules)
+    judges.check_save0(v, many, ranks, check.rules)
+    judges.check_destroy(v, many, ranks)
+    mine = judges.final_test_loss(many, check.rules)
+    theirs = judges.final_test_loss(check.reference, check.rules)
+    same = many.finished() and mine is not None and theirs is not None and \
+        math.isclose(mine, theirs, rel_tol=1e-4)
+    why = "" if same else "the run did not finish (see above)" if not many.finished() else \
+        f"{mine} vs the solution's {theirs}; the first {CROSS} above is the place to look"
+    v.add("all", same, f"final test loss on {ranks} ranks matches the solution's", why)
