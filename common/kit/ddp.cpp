@@ -39,6 +39,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<uintptr_t> hook_keys;
   std::vector<bool> ready;
   size_t next_launch = 0;        // buckets start strictly in order, the same on every rank
+  bool sync = true;              // false inside no_sync(): backward stays local
   bool finalizer_queued = false;
   DDPStats stats;
   std::mutex mutex;
@@ -53,6 +54,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   // Called by autograd right after parameter i's gradient was accumulated into .grad.
   void on_gradient_ready(size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
+    if (!sync) return;  // no_sync(): the gradient stays in .grad and is averaged later
     if (!finalizer_queued) {
       // First gradient of this backward: ask autograd to call finalize() when backward ends.
       finalizer_queued = true;
@@ -213,6 +215,19 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (size_t i = 0; i < reducer_->accumulators.size(); ++i)
     reducer_->accumulators[i]->del_post_hook(reducer_->hook_keys[i]);
 }
+
+DistributedDataParallel::NoSync::NoSync(std::shared_ptr<Reducer> r) : reducer_(std::move(r)) {
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->sync = false;
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  if (!reducer_) return;  // moved from
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->sync = true;
+}
+
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(reducer_); }
 
 const DDPStats& DistributedDataParallel::stats() const { return reducer_->stats; }
 const std::vector<std::vector<size_t>>& DistributedDataParallel::buckets() const {

@@ -53,6 +53,7 @@ struct DDPOptions {
 class DistributedDataParallel {
  public:
   using Options = DDPOptions;
+  struct Reducer;  // the hook machinery, in ddp.cpp
 
   template <typename M>
   explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {})
@@ -62,11 +63,34 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
+  // Gradient accumulation without communication: while the returned guard lives, backward
+  // passes only add to each rank's own .grad; the first backward after it averages the sum of
+  // all of them over the ranks, in one go. Every rank must skip the same steps.
+  //   for (int k = 0; k < micro_batches; ++k) {
+  //     auto loss = ...;
+  //     if (k + 1 < micro_batches) {
+  //       auto quiet = ddp.no_sync();  // local only
+  //       loss.backward();
+  //     } else {
+  //       loss.backward();             // the last one: all-reduce the accumulated gradients
+  //     }
+  //   }
+  class NoSync {
+   public:
+    explicit NoSync(std::shared_ptr<Reducer> r);
+    NoSync(NoSync&& other) noexcept : reducer_(std::move(other.reducer_)) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    ~NoSync();
+   private:
+    std::shared_ptr<Reducer> reducer_;
+  };
+  [[nodiscard]] NoSync no_sync();
+
   const DDPStats& stats() const;
   // Parameter indices per bucket, in launch order (see kit/buckets.h).
   const std::vector<std::vector<size_t>>& buckets() const;
 
-  struct Reducer;  // the hook machinery, in ddp.cpp
  private:
   std::shared_ptr<Reducer> reducer_;
 };

@@ -414,6 +414,60 @@ TEST(DDPUnusedParameters, BackwardFinishesAndAveragesTheUsedOnes) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// Gradient accumulation with no_sync(): each rank splits its share of the global batch into
+// micro-batches, backward on all but the last stays local, the last one averages the sum. The
+// result must equal one process on the whole global batch, with one all-reduce round per step.
+TEST(DDPNoSync, AccumulatedMicroBatchesMatchTheWholeBatch) {
+  const int n = 2, micro = 2;
+  const History ref = single_process(Opt::SGD);
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(r == 0 ? kModelSeed : kModelSeed + 100 + r);
+    models.emplace_back(small_lm());
+  }
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<History> runs(n);
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    auto optimizer = make_optimizer(Opt::SGD, models[r]->parameters());
+    kit::DistributedSampler sampler(dataset().size(), true, kSamplerSeed, n, r);
+    sampler.set_epoch(0);
+    kit::DataLoader<kit::LanguageModelDataset> loader(dataset(), kGlobalBatch / n, sampler);
+    for (kit::Batch b : loader) {
+      optimizer->zero_grad();
+      const int64_t part = b.input.size(0) / micro;
+      const int64_t calls_before = groups[r]->collectives();
+      for (int k = 0; k < micro; ++k) {
+        auto x = b.input.narrow(0, k * part, part), y = b.target.narrow(0, k * part, part);
+        // Each micro-batch's mean loss, scaled so that the sum is the mean over the rank's batch.
+        auto loss = kit::lm_loss(models[r]->forward(x), y) / micro;
+        if (k + 1 < micro) {
+          auto quiet = ddp.no_sync();
+          loss.backward();
+          EXPECT_EQ(groups[r]->collectives(), calls_before) << "no_sync backward communicated";
+        } else {
+          loss.backward();
+        }
+      }
+      EXPECT_GT(groups[r]->collectives(), calls_before) << "the last micro-batch did not reduce";
+      optimizer->step();
+      runs[r].params.push_back(snapshot(*models[r]));
+    }
+    EXPECT_EQ(ddp.stats().steps, kSteps) << "one averaging per optimizer step, not per micro-batch";
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  ASSERT_EQ(runs[0].params.size(), ref.params.size());
+  for (size_t k = 0; k < ref.params.size(); ++k)
+    for (size_t i = 0; i < ref.params[k].size(); ++i) {
+      EXPECT_LE(relative(runs[0].params[k][i], ref.params[k][i]), 1e-5)
+          << "step " << k + 1 << ", parameter " << i;
+      EXPECT_TRUE(torch::equal(runs[1].params[k][i], runs[0].params[k][i]))
+          << "ranks differ at step " << k + 1 << ", parameter " << i;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The mutation suite's table: typical student mistakes, each a small patch on an exercise's
-solution, and the TODO that `kit check` (common/tools/check.py) must name for it.
+"""The mutation suite: typical student mistakes, each a small patch on an exercise's solution,
+and the TODO that `kit check` (common/tools/check.py) must name for it. The mistakes of each
+exercise are in tests/mutations/table/<target>.py.
 
 A mutant is the solution with one mistake in it: a dropped line, a wrong argument, the right
 code in the wrong place. Every (old, new) edit must match the solution exactly once; when the
@@ -19,6 +20,7 @@ usage: mutants.py list EXERCISE              id kind todo, one mutant a line (fo
        mutants.py show EXERCISE ID           the mutant as JSON
        mutants.py verify                     every patch applies; every TODO is covered
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,84 +28,24 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-AVG_TRAIN = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks"
-AVG_EVAL = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // the loss of the whole split, on every rank"
-# (id, kind, todo, what, [(old, new), ...], also)
-MUTANTS = {
-    "01-transformer-lm-ddp": [
-        ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
-         [('#include "kit/distributed.h"', '#include "distributed.h"')], []),
-        ("no-distributed-include", "compile", "1", "kit/distributed.h not included (only kit/ddp.h)",
-         [('#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), '
-           'destroy_process_group()\n', "")], []),
-        ("cuda-rank", "run", "2-3", "the device numbered by the global rank (cuda:rank, on this "
-         "CPU-only machine cpu:rank) instead of setup()'s cuda:local_rank",
-         [("auto [local_rank, rank, device, world_size] = kit::setup(args.seed);",
-           "auto [local_rank, rank, setup_device, world_size] = kit::setup(args.seed);\n"
-           "  torch::Device device(setup_device.type(), rank);")], []),
-        ("per-rank-seed", "run", "4", "the training sampler seeded with args.seed + rank",
-         [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
-           "train_sampler(train_data, /*shuffle=*/true, args.seed + rank);")], []),
-        ("train-no-shuffle", "run", "4", "the training sampler with shuffle=false",
-         [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
-           "train_sampler(train_data, /*shuffle=*/false, args.seed);")], []),
-        ("val-shuffles", "run", "4", "the validation sampler without shuffle=false (it shuffles "
-         "by default)",
-         [("val_sampler(val_data, /*shuffle=*/false);", "val_sampler(val_data);")], []),
-        ("train-loader-shuffle", "run", "5", "the training loader keeps shuffle=true; the sampler "
-         "is made but never used",
-         [("Loader train_loader(train_data, args.batch_size, train_sampler);",
-           "Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);")], ["9"]),
-        ("train-loader-val-sampler", "run", "5", "the training loader gets val_sampler",
-         [("Loader train_loader(train_data, args.batch_size, train_sampler);",
-           "Loader train_loader(train_data, args.batch_size, val_sampler);")], []),
-        ("val-loader-no-sampler", "run", "6", "the validation loader without its sampler",
-         [("Loader val_loader(val_data, args.eval_batch_size, val_sampler);",
-           "Loader val_loader(val_data, args.eval_batch_size);")], []),
-        ("test-loader-no-sampler", "run", "7", "the test loader without its sampler",
-         [("Loader test_loader(test_data, args.eval_batch_size, test_sampler);",
-           "Loader test_loader(test_data, args.eval_batch_size);")], []),
-        ("no-ddp", "run", "8", "no DistributedDataParallel",
-         [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n",
-           "")], []),
-        ("ddp-temporary", "run", "8", "DistributedDataParallel as a temporary, destroyed at once",
-         [("kit::DistributedDataParallel ddp(model);", "kit::DistributedDataParallel{model};")], []),
-        ("set-epoch-late", "run", "9", "set_epoch() after the epoch's training (right code, "
-         "wrong place)",
-         [("    train_sampler.set_epoch(epoch);\n", ""),
-          ("    double val_loss = evaluate(",
-           "    train_sampler.set_epoch(epoch);\n    double val_loss = evaluate(")], []),
-        ("sum-no-divide", "run", "10", "ReduceOp::SUM without dividing by the world size",
-         [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);"),
-          (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);")], []),
-        ("eval-not-reduced", "run", "10", "evaluate() returns this rank's loss (its all_reduce "
-         "dropped)",
-         [("  " + AVG_EVAL + "\n", "")], []),
-        ("printf-test-loss", "run", "11", "the final test loss printed with std::printf",
-         [('kit::print0("final test loss', 'std::printf("final test loss')], []),
-        ("torch-save-final", "run", "12", "the final model saved with torch::save",
-         [('kit::save0(model, args.out_dir + "/model-final.pt");',
-           'torch::save(model, args.out_dir + "/model-final.pt");')], []),
-        ("save0-rank0-only", "run", "12", "save0 called on rank 0 only, inside if (rank == 0): "
-         "its barrier waits for ranks that never come",
-         [('kit::save0(model, args.out_dir + "/model-final.pt");',
-           'if (rank == 0) kit::save0(model, args.out_dir + "/model-final.pt");')], []),
-        ("no-destroy", "run", "13", "destroy_process_group() dropped",
-         [("  kit::destroy_process_group();\n", "")], []),
-        ("destroy-early", "run", "13", "destroy_process_group() before the final save0 (right "
-         "code, wrong place)",
-         [("  kit::destroy_process_group();\n", ""),
-          ('kit::save0(model, args.out_dir + "/model-final.pt");',
-           'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
-         []),
-        ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size "
-         "(correct: must pass)",
-         [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
-           "  mean /= kit::get_world_size();"),
-          (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
-           "  mean /= kit::get_world_size();")], []),
-    ],
-}
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "table")
+
+
+def load_table():
+    """Every exercise's mistakes: tests/mutations/table/<target>.py defines EXERCISE and
+    MUTANTS, a list of (id, kind, todo, what, [(old, new), ...], also)."""
+    table = {}
+    for name in sorted(os.listdir(TABLE)):
+        if not name.endswith(".py"):
+            continue
+        spec = importlib.util.spec_from_file_location(f"mutants_{name[:-3]}", os.path.join(TABLE, name))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        table[module.EXERCISE] = module.MUTANTS
+    return table
+
+
+MUTANTS = load_table()
 
 
 class MutantError(Exception):
@@ -120,7 +62,7 @@ def find(ex, mid):
     for m in mutants(ex):
         if m["id"] == mid:
             return m
-    raise MutantError(f"no mutant '{mid}' for exercise {ex} (tests/mutations/mutants.py)")
+    raise MutantError(f"no mutant '{mid}' for exercise {ex} (tests/mutations/table/)")
 
 
 def apply(m, text, where):
@@ -129,7 +71,7 @@ def apply(m, text, where):
         if count != 1:
             raise MutantError(
                 f"mutant '{m['id']}' (TODO {m['todo']}), edit {n}: the text to replace occurs "
-                f"{count} times in {where}, not once; update tests/mutations/mutants.py to the "
+                f"{count} times in {where}, not once; update tests/mutations/table/ to the "
                 f"changed solution. The text:\n{old}")
         text = text.replace(old, new)
     return text
@@ -172,7 +114,7 @@ def verify():
     for ex in [e for e in os.listdir(os.path.join(ROOT, "exercises"))
                if os.path.isfile(os.path.join(ROOT, "exercises", e, "info.toml"))]:
         if ex not in MUTANTS:
-            errors.append(f"exercise {ex} has no mutants in tests/mutations/mutants.py")
+            errors.append(f"exercise {ex} has no mutants in tests/mutations/table/")
     for e in errors:
         print("FAIL " + e)
     return 1 if errors else 0

@@ -1,0 +1,80 @@
+"""Exercise 01's typical mistakes, for the mutation suite (tests/mutations/mutants.py has the
+format and the kinds)."""
+EXERCISE = "01-transformer-lm-ddp"
+
+AVG_TRAIN = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks"
+AVG_EVAL = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // the loss of the whole split, on every rank"
+# (id, kind, todo, what, [(old, new), ...], also)
+MUTANTS = [
+    ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
+     [('#include "kit/distributed.h"', '#include "distributed.h"')], []),
+    ("no-distributed-include", "compile", "1", "kit/distributed.h not included (only kit/ddp.h)",
+     [('#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), '
+       'destroy_process_group()\n', "")], []),
+    ("cuda-rank", "run", "2-3", "the device numbered by the global rank (cuda:rank, on this "
+     "CPU-only machine cpu:rank) instead of setup()'s cuda:local_rank",
+     [("auto [local_rank, rank, device, world_size] = kit::setup(args.seed);",
+       "auto [local_rank, rank, setup_device, world_size] = kit::setup(args.seed);\n"
+       "  torch::Device device(setup_device.type(), rank);")], []),
+    ("per-rank-seed", "run", "4", "the training sampler seeded with args.seed + rank",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/true, args.seed + rank);")], []),
+    ("train-no-shuffle", "run", "4", "the training sampler with shuffle=false",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/false, args.seed);")], []),
+    ("val-shuffles", "run", "4", "the validation sampler without shuffle=false (it shuffles "
+     "by default)",
+     [("val_sampler(val_data, /*shuffle=*/false);", "val_sampler(val_data);")], []),
+    ("train-loader-shuffle", "run", "5", "the training loader keeps shuffle=true; the sampler "
+     "is made but never used",
+     [("Loader train_loader(train_data, args.batch_size, train_sampler);",
+       "Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);")], ["9"]),
+    ("train-loader-val-sampler", "run", "5", "the training loader gets val_sampler",
+     [("Loader train_loader(train_data, args.batch_size, train_sampler);",
+       "Loader train_loader(train_data, args.batch_size, val_sampler);")], []),
+    ("val-loader-no-sampler", "run", "6", "the validation loader without its sampler",
+     [("Loader val_loader(val_data, args.eval_batch_size, val_sampler);",
+       "Loader val_loader(val_data, args.eval_batch_size);")], []),
+    ("test-loader-no-sampler", "run", "7", "the test loader without its sampler",
+     [("Loader test_loader(test_data, args.eval_batch_size, test_sampler);",
+       "Loader test_loader(test_data, args.eval_batch_size);")], []),
+    ("no-ddp", "run", "8", "no DistributedDataParallel",
+     [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n",
+       "")], []),
+    ("ddp-temporary", "run", "8", "DistributedDataParallel as a temporary, destroyed at once",
+     [("kit::DistributedDataParallel ddp(model);", "kit::DistributedDataParallel{model};")], []),
+    ("set-epoch-late", "run", "9", "set_epoch() after the epoch's training (right code, "
+     "wrong place)",
+     [("    train_sampler.set_epoch(epoch);\n", ""),
+      ("    double val_loss = evaluate(",
+       "    train_sampler.set_epoch(epoch);\n    double val_loss = evaluate(")], []),
+    ("sum-no-divide", "run", "10", "ReduceOp::SUM without dividing by the world size",
+     [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);"),
+      (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);")], []),
+    ("eval-not-reduced", "run", "10", "evaluate() returns this rank's loss (its all_reduce "
+     "dropped)",
+     [("  " + AVG_EVAL + "\n", "")], []),
+    ("printf-test-loss", "run", "11", "the final test loss printed with std::printf",
+     [('kit::print0("final test loss', 'std::printf("final test loss')], []),
+    ("torch-save-final", "run", "12", "the final model saved with torch::save",
+     [('kit::save0(model, args.out_dir + "/model-final.pt");',
+       'torch::save(model, args.out_dir + "/model-final.pt");')], []),
+    ("save0-rank0-only", "run", "12", "save0 called on rank 0 only, inside if (rank == 0): "
+     "its barrier waits for ranks that never come",
+     [('kit::save0(model, args.out_dir + "/model-final.pt");',
+       'if (rank == 0) kit::save0(model, args.out_dir + "/model-final.pt");')], []),
+    ("no-destroy", "run", "13", "destroy_process_group() dropped",
+     [("  kit::destroy_process_group();\n", "")], []),
+    ("destroy-early", "run", "13", "destroy_process_group() before the final save0 (right "
+     "code, wrong place)",
+     [("  kit::destroy_process_group();\n", ""),
+      ('kit::save0(model, args.out_dir + "/model-final.pt");',
+       'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
+     []),
+    ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size "
+     "(correct: must pass)",
+     [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
+       "  mean /= kit::get_world_size();"),
+      (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
+       "  mean /= kit::get_world_size();")], []),
+]
