@@ -18,13 +18,19 @@ if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
 endif()
 
 # A CUDA LibTorch needs the CUDA toolkit (nvcc) to configure. FindCUDA derives the toolkit from
-# nvcc's folder, which fails when nvcc on PATH is a link (/usr/local/bin/nvcc): follow it.
+# nvcc's folder, which fails when nvcc on PATH is a link or a wrapper script (/usr/local/bin/nvcc):
+# take the first of nvcc's real folder and /usr/local/cuda that has the CUDA headers.
 if(NOT DEFINED CUDA_TOOLKIT_ROOT_DIR AND NOT DEFINED ENV{CUDA_HOME} AND NOT DEFINED ENV{CUDA_PATH})
   find_program(kit_nvcc nvcc)
   if(kit_nvcc)
     file(REAL_PATH "${kit_nvcc}" kit_nvcc_real)
     get_filename_component(kit_cuda_root "${kit_nvcc_real}/../.." ABSOLUTE)
-    set(CUDA_TOOLKIT_ROOT_DIR "${kit_cuda_root}" CACHE PATH "CUDA toolkit (from nvcc on PATH)")
+    foreach(kit_root "${kit_cuda_root}" /usr/local/cuda)
+      if(EXISTS "${kit_root}/include/cuda_runtime.h")
+        set(CUDA_TOOLKIT_ROOT_DIR "${kit_root}" CACHE PATH "CUDA toolkit (from nvcc on PATH)")
+        break()
+      endif()
+    endforeach()
   endif()
 endif()
 
