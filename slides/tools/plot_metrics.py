@@ -17,14 +17,14 @@ Writes into DIR:
 """
 import argparse
 import csv
-import math
 import os
 import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from style import COLORS, GRID, INK, MUTED, Svg  # noqa: E402
+from plot import Axes  # noqa: E402
+from style import COLORS, INK, MUTED  # noqa: E402
 
 FIELDS = ["step", "epoch", "loss", "samples_per_s", "ranks", "elapsed_s"]
 
@@ -66,66 +66,6 @@ class Run:
             seen[e] = seen.get(e, 0) + 1
             out.append(e - 1 + seen[e] / self.steps_per_epoch[e])
         return out
-
-
-def nice_ticks(lo, hi, n=5):
-    if hi <= lo:
-        hi = lo + 1
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks = []
-    t = start
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 10))
-        t += step
-    if ticks[-1] < hi:
-        ticks.append(round(ticks[-1] + step, 10))
-    return ticks
-
-
-def fmt(v):
-    return f"{v:g}" if abs(v) < 1e5 else f"{v:.0e}"
-
-
-class Axes:
-    """A plot area with linear axes, grid, labels and a legend."""
-
-    def __init__(self, title, xlabel, ylabel, xs, ys, width=900, height=480, xticks=None,
-                 legend_at="top right"):
-        self.svg = Svg(width, height, title)
-        self.l, self.r, self.t, self.b = 90, width - 30, 50, height - 70
-        self.xt = xticks or nice_ticks(min(xs), max(xs))
-        self.yt = nice_ticks(min(ys), max(ys))
-        s = self.svg
-        s.text(self.l, 30, title, size=19, anchor="start", weight="bold")
-        for v in self.yt:
-            y = self.y(v)
-            s.line(self.l, y, self.r, y, stroke=GRID, sw=1)
-            s.text(self.l - 10, y + 5, fmt(v), size=14, anchor="end", fill=MUTED)
-        for v in self.xt:
-            x = self.x(v)
-            s.line(x, self.t, x, self.b, stroke=GRID, sw=1)
-            s.text(x, self.b + 22, fmt(v), size=14, fill=MUTED)
-        s.line(self.l, self.b, self.r, self.b, stroke=INK, sw=1.5)
-        s.line(self.l, self.t, self.l, self.b, stroke=INK, sw=1.5)
-        s.text((self.l + self.r) / 2, height - 20, xlabel, size=16, fill=INK)
-        s.text(24, (self.t + self.b) / 2, ylabel, size=16, fill=INK, rotate=-90)
-        self.legend_x = self.r - 210 if "right" in legend_at else self.l + 30
-        self.legend_y = self.t + 12 if "top" in legend_at else self.b - 60
-
-    def x(self, v):
-        return self.l + (v - self.xt[0]) / (self.xt[-1] - self.xt[0]) * (self.r - self.l)
-
-    def y(self, v):
-        return self.b - (v - self.yt[0]) / (self.yt[-1] - self.yt[0]) * (self.b - self.t)
-
-    def legend(self, label, color, dash=None):
-        x = self.legend_x
-        self.svg.line(x, self.legend_y, x + 34, self.legend_y, stroke=color, sw=3, dash=dash)
-        self.svg.text(x + 44, self.legend_y + 5, label, size=15, anchor="start")
-        self.legend_y += 24
 
 
 def smooth(values, window):
