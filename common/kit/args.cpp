@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -84,6 +85,10 @@ TrainArgs parse_args(int argc, char** argv) {
   }
   if (a.d_model % a.heads != 0) bad("--d-model must be a multiple of --heads");
   if (a.data_dir.empty()) bad("no data folder: pass --data-dir or set KIT_DATA_DIR");
+  // Everything a run writes goes here (metrics, checkpoints, models): a new folder is made.
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec) bad("--out-dir " + a.out_dir + " cannot be created: " + ec.message());
   return a;
 }
 

@@ -113,6 +113,18 @@ TEST(BadInput, CorruptDataWithNulBytes) {
   expect_one_clear_line(r, {"wiki.train.tokens", "NUL"});
 }
 
+// A new --out-dir is made; one that cannot be (a file is in the way) is one line, exit 2.
+TEST(BadInput, OutDirThatCannotBeCreated) {
+  TempDir tmp;
+  const fs::path blocker = tmp.path / "a-file";
+  std::ofstream(blocker) << "not a folder";
+  const std::string out = (blocker / "run").string();
+  Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", out}), clean_env({}), tmp.path, "t");
+  Result r = p.wait(20);
+  EXPECT_EQ(r.exit_code, 2);
+  expect_one_clear_line(r, {"--out-dir", out, "cannot be created"});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rank environment and rendezvous
 // ---------------------------------------------------------------------------------------------
