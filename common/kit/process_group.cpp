@@ -7,6 +7,8 @@
 #include <sstream>
 #include <thread>
 
+#include <torch/cuda.h>
+
 #include "kit/compat.h"
 #include "kit/trace.h"
 
@@ -314,22 +316,64 @@ void ProcessGroup::barrier(CallSite site) {
   Work(w).wait();
 }
 
+bool ProcessGroup::nccl_built() { return compat::kHaveNccl; }
+
+std::string ProcessGroup::nccl_unavailable(int ranks) {
+  if (!compat::kHaveNccl)
+    return "this LibTorch is a CPU build without CUDA/NCCL (configure against a CUDA build of "
+           "torch to run on GPUs)";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string mask = visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : "";
+  if (!torch::cuda::is_available()) return "no GPU visible to this process" + mask;
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (ranks > gpus)
+    return "needs " + std::to_string(ranks) + " GPUs (NCCL puts each rank on a GPU of its own), " +
+           std::to_string(gpus) + " visible" + mask;
+  return "";
+}
+
 std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::local_groups(
-    int n, std::chrono::milliseconds timeout) {
+    int n, std::chrono::milliseconds timeout, const std::string& backend) {
+  if (backend != "gloo" && backend != "nccl")
+    throw CommError("local_groups: '" + backend + "' is not a backend: use gloo or nccl");
+  if (backend == "nccl") {
+    if (std::string why = nccl_unavailable(n); !why.empty())
+      throw CommError("local_groups: " + std::to_string(n) + " NCCL ranks cannot run here: " + why);
+  }
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::shared_ptr<ProcessGroup>> groups(n);
+  std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   // Creating a Gloo group is itself collective (every rank connects to every other), so the
-  // n constructors must run at the same time.
+  // n constructors must run at the same time. NCCL connects later, at each rank's first
+  // collective, on the GPU of the tensors it is given.
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      auto impl = std::make_shared<Impl>();
-      impl->store = store;
-      impl->timeout = timeout;
-      impl->backend = compat::make_gloo(store, r, n, timeout);
-      groups[r] = std::make_shared<ProcessGroup>(impl, r, n, "gloo");
+      try {
+        auto impl = std::make_shared<Impl>();
+        impl->store = store;
+        impl->timeout = timeout;
+#if defined(KIT_HAVE_NCCL)
+        if (backend == "nccl") {
+          // Created with rank r's GPU current, as in a process of its own: whatever c10d does
+          // on the current device while it builds the group happens on cuda:r, not on cuda:0
+          // for every rank. (The current device is per thread: the thread that later calls
+          // rank r's collectives selects cuda:r itself.)
+          compat::set_cuda_device(r);
+          impl->backend = compat::make_nccl(store, r, n, timeout);
+        }
+#endif
+        if (backend == "gloo") impl->backend = compat::make_gloo(store, r, n, timeout);
+        groups[r] = std::make_shared<ProcessGroup>(impl, r, n, backend);
+      } catch (const std::exception& e) {
+        errors[r] = first_line(e.what());
+      }
     });
   for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    if (!errors[r].empty())
+      throw CommError("local_groups: rank " + std::to_string(r) + " of " + std::to_string(n) +
+                      " could not create its " + backend + " group: " + errors[r]);
   return groups;
 }
 

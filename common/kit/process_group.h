@@ -100,9 +100,21 @@ class ProcessGroup {
   int64_t collectives() const { return seq_; }  // how many this rank has entered
   const CommStats& stats() const { return stats_; }
 
-  // N groups of one in-process world (HashStore + Gloo), one per rank, for thread-based tests.
+  // N groups of one in-process world on a HashStore, one per rank, for tests whose ranks are
+  // threads. backend "gloo": CPU tensors. backend "nccl": rank r works on cuda:r (NCCL cannot put
+  // two ranks on one GPU), so it needs n visible GPUs and a CUDA build of LibTorch; otherwise it
+  // throws CommError with nccl_unavailable(n)'s reason.
   static std::vector<std::shared_ptr<ProcessGroup>> local_groups(
-      int n, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+      int n, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+      const std::string& backend = "gloo");
+
+  // Whether this process can run `ranks` NCCL ranks, one per GPU: "" when it can, otherwise the
+  // reason in one line ("this LibTorch is a CPU build without CUDA/NCCL", "no GPU visible ...",
+  // "needs 4 GPUs ..."). Asked at run time, so that GPU tests compile everywhere and skip with
+  // the reason where they cannot run.
+  static std::string nccl_unavailable(int ranks = 1);
+  // Whether this LibTorch was built with CUDA and NCCL (whether or not a GPU is visible).
+  static bool nccl_built();
 
  private:
   // Numbers the call, traces it, counts it; throws if the group is shut down.

@@ -2,6 +2,14 @@
 //
 //   bench_ddp [flags]                                  one process, no DDP (the baseline)
 //   ddprun --nproc-per-node 2 -- bench_ddp [flags]     N ranks, kit::DistributedDataParallel
+//   ddprun --nproc-per-node 1 -- bench_ddp --device cuda --ddp on
+//                                                      kit DDP on one GPU rank (NCCL)
+//
+// --device: auto (default) is what kit::setup() chose: cuda:LOCAL_RANK with NCCL where a GPU is
+// visible, else the CPU with Gloo. cuda insists on a GPU (exit 2 without one); cpu hides the GPUs
+// (CUDA_VISIBLE_DEVICES=""), so that the CPU run can be made on a GPU node too. On a GPU the
+// clock is read after torch::cuda::synchronize(), so that every phase is the GPU's time, not the
+// time it took to queue the work.
 //
 // Builds kit::TransformerLM with the trainer's default sizes (kit::TrainArgs: d_model 128,
 // 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank, dropout 0.1, AdamW lr 1e-3)
@@ -17,7 +25,10 @@
 //   step_ms   zero_grad .. optimizer.step() inclusive
 //   fwd_ms    forward + loss;  bwd_ms  loss.backward() (with DDP: including the final wait);
 //   opt_ms    optimizer.step()
-//   wait_ms   DDPStats::last_wait_seconds: after backward, waiting for the all-reduces in flight
+//   wait_ms   DDPStats::last_wait_seconds: after backward, waiting for the all-reduces in flight.
+//             On a GPU this is tail_ms instead: NCCL's wait() only makes the compute stream wait
+//             for the all-reduce, so the CPU never waits there; the tail is the same definition
+//             as bench_ddp.py's, so the column compares like with like.
 //   cpu_ms    CPU time the process used during the step (all its threads), mean of the ranks:
 //             unlike the wall-clock figures, barely affected by other load on the machine
 //   tail_ms   from the last parameter gradient produced by autograd to the return of backward():
@@ -37,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "kit/args.h"
@@ -69,6 +81,7 @@ struct BenchArgs {
   int overlap = 1;
   int threads = 0;          // 0: what kit::setup() chose (OMP_NUM_THREADS or cores / local ranks)
   std::string ddp = "auto"; // auto: DDP when world_size > 1; on; off
+  std::string device = "auto";  // auto: kit::setup()'s choice; cpu; cuda
   double first_bucket_mb = -1, bucket_cap_mb = -1;  // < 0: kit defaults (1 MiB, 25 MiB)
   bool print_vocab = false;
 };
@@ -76,7 +89,7 @@ struct BenchArgs {
 [[noreturn]] void usage(const char* prog, int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: %s [--steps N] [--warmup N] [--overlap 0|1] [--threads T] [--vocab V]\n"
-               "          [--data DIR] [--ddp auto|on|off] [--name NAME]\n"
+               "          [--data DIR] [--ddp auto|on|off] [--device auto|cpu|cuda] [--name NAME]\n"
                "          [--first-bucket-mb X] [--bucket-cap-mb X] [--print-vocab]\n",
                prog);
   std::exit(code);
@@ -118,6 +131,9 @@ BenchArgs parse(int argc, char** argv) {
     else if (flag == "--ddp") {
       if (value != "auto" && value != "on" && value != "off") usage(argv[0], 2);
       a.ddp = value;
+    } else if (flag == "--device") {
+      if (value != "auto" && value != "cpu" && value != "cuda") usage(argv[0], 2);
+      a.device = value;
     } else {
       std::fprintf(stderr, "error: unknown flag %s\n", flag.c_str());
       usage(argv[0], 2);
@@ -133,11 +149,14 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Per-step values of every rank -> one value per step (MAX or AVG over the ranks).
-std::vector<double> over_ranks(const std::vector<double>& mine, kit::ReduceOp op, bool distributed) {
+// Per-step values of every rank -> one value per step (MAX or AVG over the ranks). They travel on
+// the rank's device: NCCL reduces CUDA tensors only.
+std::vector<double> over_ranks(const std::vector<double>& mine, kit::ReduceOp op, bool distributed,
+                               torch::Device device) {
   if (!distributed) return mine;
-  auto t = torch::tensor(mine, torch::kDouble);
+  auto t = torch::tensor(mine, torch::kDouble).to(device);
   kit::all_reduce(t, op);
+  t = t.cpu();
   return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
@@ -154,8 +173,19 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (args.device == "cuda" && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "error: --device cuda: %s\n", kit::ProcessGroup::nccl_unavailable().c_str());
+    return 2;
+  }
+  // The CPU where GPUs are visible: hide them before CUDA starts, so that setup() chooses the CPU
+  // and Gloo as on a machine without any (and does not refuse more ranks than GPUs).
+  if (args.device == "cpu") ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
   auto [local_rank, rank, device, world_size] = kit::setup(train.seed);
   if (args.threads > 0) torch::set_num_threads(args.threads);
+  // GPU work is queued: wait for it before reading the clock.
+  auto sync = [on = device] {
+    if (on.is_cuda()) torch::cuda::synchronize(on.index());
+  };
   const bool distributed = world_size > 1;
   const bool use_ddp = args.ddp == "on" || (args.ddp == "auto" && distributed);
 
@@ -205,15 +235,19 @@ int main(int argc, char** argv) {
   for (int64_t s = 0; s < args.warmup + args.steps; ++s) {
     auto& batch = pool[static_cast<size_t>(s) % pool.size()];
     auto input = batch.narrow(1, 0, train.seq_len), target = batch.narrow(1, 1, train.seq_len);
+    sync();
     double c0 = process_cpu_ms();
     auto t0 = Clock::now();
     optimizer.zero_grad();
     auto loss = kit::lm_loss(model->forward(input), target);
+    sync();
     double f = ms_since(t0);
     auto t1 = Clock::now();
     loss.backward();
+    sync();
     auto t2 = Clock::now();
     optimizer.step();
+    sync();
     double total = ms_since(t0);
     double cpu = process_cpu_ms() - c0;
     if (s < args.warmup) continue;
@@ -221,26 +255,28 @@ int main(int argc, char** argv) {
     fwd_ms.push_back(f);
     bwd_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     opt_ms.push_back(total - f - bwd_ms.back());
-    wait_ms.push_back(ddp ? ddp->stats().last_wait_seconds * 1e3 : 0.0);
     tail_ms.push_back(std::chrono::duration<double, std::milli>(t2 - last_grad).count());
+    const double waited = ddp ? ddp->stats().last_wait_seconds * 1e3 : 0.0;
+    wait_ms.push_back(ddp && device.is_cuda() ? tail_ms.back() : waited);
     cpu_ms.push_back(cpu);
     loss_sum += loss.item<double>();
   }
 
-  auto step = over_ranks(step_ms, kit::ReduceOp::MAX, distributed);
-  auto fwd = over_ranks(fwd_ms, kit::ReduceOp::AVG, distributed);
-  auto bwd = over_ranks(bwd_ms, kit::ReduceOp::AVG, distributed);
-  auto opt = over_ranks(opt_ms, kit::ReduceOp::AVG, distributed);
-  auto wait = over_ranks(wait_ms, kit::ReduceOp::AVG, distributed);
-  auto tail = over_ranks(tail_ms, kit::ReduceOp::AVG, distributed);
-  auto cpu = over_ranks(cpu_ms, kit::ReduceOp::AVG, distributed);
+  auto step = over_ranks(step_ms, kit::ReduceOp::MAX, distributed, device);
+  auto fwd = over_ranks(fwd_ms, kit::ReduceOp::AVG, distributed, device);
+  auto bwd = over_ranks(bwd_ms, kit::ReduceOp::AVG, distributed, device);
+  auto opt = over_ranks(opt_ms, kit::ReduceOp::AVG, distributed, device);
+  auto wait = over_ranks(wait_ms, kit::ReduceOp::AVG, distributed, device);
+  auto tail = over_ranks(tail_ms, kit::ReduceOp::AVG, distributed, device);
+  auto cpu = over_ranks(cpu_ms, kit::ReduceOp::AVG, distributed, device);
   double step_med = median(step);
   double samples_per_s = step_med > 0 ? 1e3 * train.batch_size * world_size / step_med : 0;
 
   std::ostringstream line;
   line.setf(std::ios::fixed);
   line.precision(3);
-  line << "BENCH impl=cpp name=" << args.name << " ranks=" << world_size
+  line << "BENCH impl=cpp name=" << args.name << " device=" << (device.is_cuda() ? "cuda" : "cpu")
+       << " ranks=" << world_size
        << " threads=" << torch::get_num_threads() << " ddp=" << (ddp ? 1 : 0)
        << " overlap=" << (ddp ? args.overlap : 0) << " steps=" << args.steps
        << " warmup=" << args.warmup << " batch=" << train.batch_size

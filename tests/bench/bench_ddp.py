@@ -4,6 +4,8 @@ with torch.nn.parallel.DistributedDataParallel on Gloo.
 
     /usr/bin/python3 bench_ddp.py --vocab V [flags]                       one process, no DDP
     ddprun --nproc-per-node 2 -- /usr/bin/python3 bench_ddp.py --vocab V  2 ranks, torch DDP
+    ddprun --nproc-per-node 1 -- python3 bench_ddp.py --device cuda --ddp on
+                                                                          torch DDP, 1 GPU rank
 
 Under ddprun the ranks join with init_method="env://": ddprun sets RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT, which is all env:// reads. Run it with Debian's python3-torch
@@ -23,6 +25,10 @@ Output: one BENCH line on rank 0, the same fields as bench_ddp.cpp. torch's DDP 
 "waiting after backward" figure, so wait_ms is measured as tail_ms: from the last parameter
 gradient autograd produced (a tensor hook) to the return of loss.backward(), which is where
 torch's reducer waits for its buckets and copies the averages back into .grad.
+
+--device as bench_ddp.cpp: auto (cuda:LOCAL_RANK and NCCL where a GPU is visible, else the CPU
+and Gloo), cpu (the GPUs hidden), or cuda (exit 2 without a GPU). On a GPU the clock is read after
+torch.cuda.synchronize(), as on the C++ side, and DDP gets device_ids=[LOCAL_RANK].
 """
 import argparse
 import math
@@ -64,7 +70,7 @@ class TransformerLM(nn.Module):
         seq = tokens.size(1)
         x = self.embed(tokens) * math.sqrt(self.d_model)
         x = self.dropout(x + self.positions[:seq].unsqueeze(0)).transpose(0, 1)
-        causal = torch.triu(torch.full((seq, seq), float("-inf"), dtype=x.dtype), 1)
+        causal = torch.triu(torch.full((seq, seq), float("-inf"), dtype=x.dtype, device=x.device), 1)
         x = self.encoder(x, mask=causal).transpose(0, 1)
         return self.head(x)
 
@@ -81,24 +87,41 @@ def main():
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads (0: OMP_NUM_THREADS, else cores / local ranks)")
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--name", default="py")
     args = p.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     distributed = world > 1
-    if distributed:
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    use_ddp = args.ddp == "on" or (args.ddp == "auto" and distributed)
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch starts CUDA: as on a CPU machine
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no GPU visible to this process", file=sys.stderr)
+        return 2
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+
+    def sync():  # GPU work is queued: wait for it before reading the clock
+        if cuda:
+            torch.cuda.synchronize(device)
+    # DDP needs a process group even for a world of one (--ddp on under ddprun -n 1).
+    if distributed or use_ddp:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=rank,
+                                world_size=world)
     # Threads as kit::setup() does it: --threads, else OMP_NUM_THREADS, else cores / local ranks.
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or max(
         1, len(os.sched_getaffinity(0)) // local_world)
     torch.set_num_threads(threads)
     torch.manual_seed(SEED + rank)
 
-    model = TransformerLM(args.vocab)
+    model = TransformerLM(args.vocab).to(device)
     model.train()
-    use_ddp = args.ddp == "on" or (args.ddp == "auto" and distributed)
     n_params = sum(q.numel() for q in model.parameters())
     last_grad = [0.0]
 
@@ -106,11 +129,15 @@ def main():
         last_grad[0] = time.perf_counter()
     for q in model.parameters():
         q.register_hook(stamp)
-    net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if use_ddp else model
+    net = model
+    if use_ddp:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
+                                                  broadcast_buffers=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
 
     gen = torch.Generator().manual_seed(1234 + rank)
-    pool = [torch.randint(args.vocab, (BATCH, SEQ_LEN + 1), generator=gen) for _ in range(8)]
+    pool = [torch.randint(args.vocab, (BATCH, SEQ_LEN + 1), generator=gen).to(device)
+            for _ in range(8)]
 
     rows = {k: [] for k in ("step", "fwd", "bwd", "opt", "tail", "cpu")}
     loss_sum = 0.0
@@ -119,14 +146,18 @@ def main():
     for s in range(args.warmup + args.steps):
         batch = pool[s % len(pool)]
         inp, target = batch[:, :SEQ_LEN], batch[:, 1:]
+        sync()
         c0 = time.process_time()
         t0 = time.perf_counter()
         optimizer.zero_grad()
         loss = lm_loss(net(inp), target)
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         optimizer.step()
+        sync()
         t3 = time.perf_counter()
         c3 = time.process_time()
         if s < args.warmup:
@@ -142,7 +173,7 @@ def main():
     def over_ranks(values, op):
         if not distributed:
             return values
-        t = torch.tensor(values, dtype=torch.double)
+        t = torch.tensor(values, dtype=torch.double, device=device)  # NCCL: CUDA tensors only
         dist.all_reduce(t, op=op)
         return (t / world if op == dist.ReduceOp.SUM else t).tolist()
 
@@ -160,16 +191,16 @@ def main():
                 buckets = ",".join("%.3f" % (int(b) / 1048576) for b in str(sizes).split(", ") if b)
             except Exception:
                 buckets = "?"
-        print("BENCH impl=py name=%s ranks=%d threads=%d ddp=%d overlap=%d steps=%d warmup=%d "
+        print("BENCH impl=py name=%s device=%s ranks=%d threads=%d ddp=%d overlap=%d steps=%d warmup=%d "
               "batch=%d seq_len=%d vocab=%d params=%d buckets=%s step_ms_median=%.3f "
               "step_ms_min=%.3f fwd_ms_median=%.3f bwd_ms_median=%.3f opt_ms_median=%.3f "
               "wait_ms_median=%.3f tail_ms_median=%.3f cpu_ms_median=%.3f samples_per_s=%.3f loss_mean=%.3f" % (
-                  args.name, world, torch.get_num_threads(), int(use_ddp), int(use_ddp),
+                  args.name, device.type, world, torch.get_num_threads(), int(use_ddp), int(use_ddp),
                   args.steps, args.warmup, BATCH, SEQ_LEN, args.vocab, n_params, buckets,
                   step_med, min(step), med["fwd"], med["bwd"], med["opt"], med["tail"],
                   med["tail"], med["cpu"], 1e3 * BATCH * world / step_med, loss_sum / args.steps),
               flush=True)
-    if distributed:
+    if distributed or use_ddp:
         # Leave without tearing torch's DDP down: in 1.13, destroying the Reducer (at interpreter
         # exit) joins a Gloo worker thread that waits for the GIL the main thread holds, and rank
         # 0 hangs forever after printing. Both ranks are done with every collective here.

@@ -17,6 +17,16 @@ and, unless --no-extra:
                        first bucket large enough for the head, i.e. the first bucket torch's DDP
                        ends up with after its bucket rebuild (see the README)
 
+With --device cuda (a GPU node): every process on a GPU, NCCL instead of Gloo, --ranks GPU
+ranks (default 1: kit DDP and torch DDP each on a world of one GPU), one intra-op thread per
+process on both sides:
+    cpp 1 GPU, no DDP        the baseline
+    cpp DDP 1 GPU overlap    kit::DistributedDataParallel (NCCL), all-reduce during backward
+    cpp DDP 1 GPU no-overlap one all-reduce per bucket after backward
+    py DDP 1 GPU             torch DDP (NCCL, device_ids=[LOCAL_RANK])
+and the extras as above. On a GPU both implementations report the tail as the wait (see
+bench_ddp.cpp): NCCL's wait() does not block the CPU, so the kit's DDPStats has nothing to say.
+
 Only the Python standard library here; the torch side runs under --python (Debian's python3-torch).
 Threads: OMP_NUM_THREADS and --threads are set to the same value for both implementations.
 Nothing is asserted about times; the exit code is non-zero only if a run fails or the two models
@@ -61,38 +71,71 @@ def main():
     ap.add_argument("--no-extra", action="store_true", help="only the 4 configurations of issue 2")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     ap.add_argument("--log", default="", help="append every BENCH line to this file")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cpu: Gloo ranks on the CPU; cuda: one GPU per rank, NCCL")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="DDP ranks (default: 2 on the CPU, 1 on GPUs; at most one per GPU)")
     args = ap.parse_args()
+    ranks = args.ranks or (1 if args.device == "cuda" else 2)
 
     vocab_cmd = [args.bench, "--print-vocab"] + (["--data", args.data] if args.data else [])
     vocab = args.vocab or int(subprocess.run(vocab_cmd, check=True, capture_output=True, text=True).stdout.split()[-1])
     py = [args.python, os.path.join(HERE, "bench_ddp.py")]
-    common = ["--vocab", str(vocab), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    ddp2 = [args.ddprun, "--nproc-per-node", "2", "--"]
+    common = ["--vocab", str(vocab), "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--device", args.device]
+    ddp_n = [args.ddprun, "--nproc-per-node", str(ranks), "--"]
+    # The DDP runs ask for DDP even on a world of one (a single GPU rank).
+    ddp_on = ["--ddp", "on"]
+
+    # Labels by role. On the CPU: ranks x 1 thread, the single process with `ranks` threads
+    # ("cpp 2x1 overlap", "cpp 1x2"); on GPUs one thread per process ("cpp DDP 1 GPU overlap").
+    if args.device == "cpu":
+        shape, base_threads, rank_threads = "%dx1" % ranks, ranks, 1
+        role = {"base": "cpp 1x%d" % ranks, "overlap": "cpp %s overlap" % shape,
+                 "no_overlap": "cpp %s no-overlap" % shape, "py_ddp": "py %s DDP" % shape,
+                 "py_base": "py 1x%d" % ranks, "head": "cpp %s overlap, head bucket" % shape}
+        name = "%dx1" % ranks
+    else:
+        shape, base_threads, rank_threads = "%d GPU" % ranks, 1, 1
+        role = {"base": "cpp 1 GPU, no DDP", "overlap": "cpp DDP %s overlap" % shape,
+                 "no_overlap": "cpp DDP %s no-overlap" % shape, "py_ddp": "py DDP %s" % shape,
+                 "py_base": "py 1 GPU, no DDP", "head": "cpp DDP %s overlap, head bucket" % shape}
+        name = "gpu%d" % ranks
+    bt, rt = str(base_threads), str(rank_threads)
 
     # (label, threads per process, command)
     configs = [
-        ("cpp 1x2", 2, [args.bench, "--threads", "2", "--name", "cpp1x2"] + common),
-        ("cpp 2x1 overlap", 1, ddp2 + [args.bench, "--threads", "1", "--overlap", "1", "--name", "cpp2x1-overlap"] + common),
-        ("cpp 2x1 no-overlap", 1, ddp2 + [args.bench, "--threads", "1", "--overlap", "0", "--name", "cpp2x1-no-overlap"] + common),
-        ("py 2x1 DDP", 1, ddp2 + py + ["--threads", "1", "--name", "py2x1-ddp"] + common),
+        (role["base"], base_threads,
+         [args.bench, "--threads", bt, "--ddp", "off", "--name", "cpp1x%s" % bt] + common),
+        (role["overlap"], rank_threads,
+         ddp_n + [args.bench, "--threads", rt, "--overlap", "1", "--name", "cpp%s-overlap" % name]
+         + ddp_on + common),
+        (role["no_overlap"], rank_threads,
+         ddp_n + [args.bench, "--threads", rt, "--overlap", "0", "--name", "cpp%s-no-overlap" % name]
+         + ddp_on + common),
+        (role["py_ddp"], rank_threads,
+         ddp_n + py + ["--threads", rt, "--name", "py%s-ddp" % name] + ddp_on + common),
     ]
     if not args.no_extra:
         # The LM head (vocab x (d_model + 1) floats) plus 0.5 MiB: the whole head in bucket 0.
         head_mb = (vocab * 129 * 4) / 1048576 + 0.5
-        configs.append(("py 1x2", 2, py + ["--threads", "2", "--name", "py1x2"] + common))
+        configs.append((role["py_base"], base_threads,
+                        py + ["--threads", bt, "--ddp", "off", "--name", "py1x%s" % bt] + common))
     if not args.no_extra and vocab * (128 + 1) * 4 > 1 << 20:
         # The head does not fit the kit's 1 MiB first bucket (see the README): what a first
         # bucket holding it, as torch's DDP gets after its bucket rebuild, changes.
         configs += [
-            ("cpp 2x1 overlap, head bucket", 1,
-             ddp2 + [args.bench, "--threads", "1", "--overlap", "1", "--first-bucket-mb",
-                     "%.3f" % head_mb, "--name", "cpp2x1-overlap-headbucket"] + common),
+            (role["head"], rank_threads,
+             ddp_n + [args.bench, "--threads", rt, "--overlap", "1", "--first-bucket-mb",
+                      "%.3f" % head_mb, "--name", "cpp%s-overlap-headbucket" % name]
+             + ddp_on + common),
         ]
 
     results = {label: [] for label, _, _ in configs}
     loads = []
-    print("DDP benchmark: vocab %d, %d timed steps after %d warm-up, %d repeats, %d cores, load %.2f"
-          % (vocab, args.steps, args.warmup, args.repeats, os.cpu_count() or 0, loadavg()), flush=True)
+    print("DDP benchmark: vocab %d, %d timed steps after %d warm-up, %d repeats, %d cores, load %.2f%s"
+          % (vocab, args.steps, args.warmup, args.repeats, os.cpu_count() or 0, loadavg(),
+             ", %d GPU rank(s)" % ranks if args.device == "cuda" else ""), flush=True)
     for r in range(args.repeats):
         for label, threads, cmd in configs:
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -122,15 +165,15 @@ def main():
         return "%.0f-%.0f" % (min(v), max(v))
 
     params = {label: results[label][0]["params"] for label in results}
-    cpp_params = params["cpp 2x1 overlap"]
-    py_params = params["py 2x1 DDP"]
+    cpp_params = params[role["overlap"]]
+    py_params = params[role["py_ddp"]]
     print()
     print("parameters: C++ TransformerLM %s, Python TransformerLM %s -> %s"
           % (cpp_params, py_params, "same" if cpp_params == py_params else "DIFFERENT"))
     print("buckets (MiB, launch order): C++ %s | C++ head bucket %s | torch DDP %s"
-          % (results["cpp 2x1 overlap"][0]["buckets"],
-             results.get("cpp 2x1 overlap, head bucket", [{"buckets": "-"}])[0]["buckets"],
-             results["py 2x1 DDP"][0]["buckets"]))
+          % (results[role["overlap"]][0]["buckets"],
+             results.get(role["head"], [{"buckets": "-"}])[0]["buckets"],
+             results[role["py_ddp"]][0]["buckets"]))
     print("machine load (1-min average) during the runs: median %.1f, range %.1f-%.1f, on %d cores"
           % (statistics.median(loads), min(loads), max(loads), os.cpu_count() or 0))
     print()
@@ -146,18 +189,24 @@ def main():
             med(label, "fwd_ms_median"), med(label, "bwd_ms_median"),
             "%.1f" % wait if ddp else "-", "%.1f" % med(label, "tail_ms_median") if ddp else "-",
             med(label, "cpu_ms_median"), med(label, "samples_per_s")))
-    ratio = med("cpp 2x1 overlap", "step_ms_median") / med("py 2x1 DDP", "step_ms_median")
-    ratio_cpu = med("cpp 2x1 overlap", "cpu_ms_median") / med("py 2x1 DDP", "cpu_ms_median")
-    ratio_no = med("cpp 2x1 no-overlap", "step_ms_median") / med("py 2x1 DDP", "step_ms_median")
+    ratio = med(role["overlap"], "step_ms_median") / med(role["py_ddp"], "step_ms_median")
+    ratio_cpu = med(role["overlap"], "cpu_ms_median") / med(role["py_ddp"], "cpu_ms_median")
+    ratio_no = med(role["no_overlap"], "step_ms_median") / med(role["py_ddp"], "step_ms_median")
     print()
-    print("C++ / Python DDP step time (2x1, overlap): %.2f   (no-overlap: %.2f; CPU time per step: %.2f)"
-          % (ratio, ratio_no, ratio_cpu))
-    print("overlap vs no-overlap (C++ 2x1): step %.1f vs %.1f ms, wait after backward %.1f vs %.1f ms"
-          % (med("cpp 2x1 overlap", "step_ms_median"), med("cpp 2x1 no-overlap", "step_ms_median"),
-             med("cpp 2x1 overlap", "wait_ms_median"), med("cpp 2x1 no-overlap", "wait_ms_median")))
-    print("wait ms: C++ DDPStats wait after backward; Python: tail ms (torch DDP has no such counter)."
-          "\ntail ms: last parameter gradient produced -> backward() returns (same definition both sides)."
+    print("C++ / Python DDP step time (%s, overlap): %.2f   (no-overlap: %.2f; CPU time per step: %.2f)"
+          % (shape, ratio, ratio_no, ratio_cpu))
+    print("overlap vs no-overlap (C++ %s): step %.1f vs %.1f ms, wait after backward %.1f vs %.1f ms"
+          % (shape, med(role["overlap"], "step_ms_median"), med(role["no_overlap"], "step_ms_median"),
+             med(role["overlap"], "wait_ms_median"), med(role["no_overlap"], "wait_ms_median")))
+    if args.device == "cpu":
+        print("wait ms: C++ DDPStats wait after backward; Python: tail ms (torch DDP has no such counter).")
+    else:
+        print("wait ms: tail ms on both sides (on a GPU, NCCL's wait() does not block the CPU).")
+    print("tail ms: last parameter gradient produced -> backward() returns (same definition both sides)."
           "\ncpu ms: process CPU time per step (all threads), mean of the ranks; step ms: slowest rank.")
+    if args.device == "cuda":
+        print("GPU runs: the clock is read after torch.cuda.synchronize() / torch::cuda::synchronize(),"
+              " so fwd/bwd/step ms are GPU times.")
     return 0 if cpp_params == py_params else 1
 
 

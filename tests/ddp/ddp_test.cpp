@@ -11,6 +11,12 @@
 //
 // Nothing here uses kit::setup()'s process-global default group: every group is passed
 // explicitly (DDP Options::group, DistributedSampler(num_replicas, rank)).
+//
+// Backends: by default every rank is a CPU thread on Gloo (CTest label ddp). With --backend=nccl
+// the Equivalence and Broadcast cases run on NCCL instead (CTest label gpu, tests gpu.ddp.*):
+// rank r's model and data on cuda:r, the single-process reference on cuda:0. A case with more
+// ranks than visible GPUs is skipped with the reason, as is every case without a GPU or with a
+// CPU build of LibTorch.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +44,20 @@ namespace {
 
 constexpr int64_t kVocab = 64, kSeqLen = 8, kGlobalBatch = 8, kSteps = 5;
 constexpr uint64_t kModelSeed = 1, kSamplerSeed = 17;
+
+// The backend of this run: "gloo" or "nccl" (main()'s --backend).
+std::string g_backend = "gloo";
+
+// Where rank r computes: its own GPU on NCCL, the CPU on Gloo. The reference runs where rank 0 does.
+torch::Device device_of(int rank) {
+  return g_backend == "nccl" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank))
+                             : torch::Device(torch::kCPU);
+}
+
+// Why this run cannot have n ranks here ("" when it can; Gloo always can).
+std::string cannot_run(int n) {
+  return g_backend == "nccl" ? kit::ProcessGroup::nccl_unavailable(n) : std::string();
+}
 
 kit::TransformerLMOptions small_lm() {
   kit::TransformerLMOptions o;
@@ -74,14 +95,19 @@ struct RecordingDataset {
 
 using Params = std::vector<torch::Tensor>;
 
+// Copies in host memory, wherever the model lives, so that the ranks' tensors (each on its own
+// GPU under NCCL) and the reference's can be compared with each other.
+torch::Tensor host_copy(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
 Params snapshot(const torch::nn::Module& m) {
   Params out;
-  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (auto& p : m.parameters()) out.push_back(host_copy(p));
   return out;
 }
 Params state(const torch::nn::Module& m) {  // parameters and buffers
   Params out = snapshot(m);
-  for (auto& b : m.buffers()) out.push_back(b.detach().clone());
+  for (auto& b : m.buffers()) out.push_back(host_copy(b));
   return out;
 }
 
@@ -114,11 +140,12 @@ void train(kit::TransformerLM& model, torch::optim::Optimizer& optimizer,
            const kit::DistributedSampler& sampler, int64_t batch, History& run) {
   RecordingDataset data{&dataset(), {}};
   kit::DataLoader<RecordingDataset> loader(data, static_cast<size_t>(batch), sampler);
+  const torch::Device device = model->parameters().front().device();
   model->train();
   for (kit::Batch b : loader) {
     run.batches.emplace_back(data.seen.end() - b.input.size(0), data.seen.end());
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(b.input), b.target);
+    auto loss = kit::lm_loss(model->forward(b.input.to(device)), b.target.to(device));
     ++run.forwards;
     loss.backward();
     ++run.backwards;
@@ -131,6 +158,7 @@ void train(kit::TransformerLM& model, torch::optim::Optimizer& optimizer,
 History single_process(Opt opt) {
   torch::manual_seed(kModelSeed);
   kit::TransformerLM model(small_lm());
+  model->to(device_of(0));
   auto optimizer = make_optimizer(opt, model->parameters());
   kit::DistributedSampler sampler(dataset().size(), /*shuffle=*/true, kSamplerSeed, 1, 0);
   History run;
@@ -146,6 +174,9 @@ std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& bo
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
+        // An NCCL rank's thread works on its own GPU, as a process per GPU would.
+        std::optional<c10::DeviceGuard> on_gpu;
+        if (device_of(r).is_cuda()) on_gpu.emplace(device_of(r));
         body(r);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -162,8 +193,9 @@ std::vector<History> distributed(int n, bool overlap, Opt opt, size_t first_buck
   for (int r = 0; r < n; ++r) {
     torch::manual_seed(r == 0 ? kModelSeed : kModelSeed + 100 + r);
     models.emplace_back(small_lm());
+    models.back()->to(device_of(r));
   }
-  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30), g_backend);
   std::vector<History> runs(n);
   auto errors = on_every_rank(n, [&](int r) {
     kit::DistributedDataParallel::Options o;
@@ -206,6 +238,7 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, MatchesSingleProcessStepByStep) {
   const Case c = GetParam();
+  if (const std::string why = cannot_run(c.n); !why.empty()) GTEST_SKIP() << why;
   const History ref = single_process(c.opt);
   ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
   // The test means something only if training moves: the loss changes and so do the weights.
@@ -252,6 +285,7 @@ TEST_P(Equivalence, MatchesSingleProcessStepByStep) {
 // single process's global batch; over the epoch they are disjoint and cover the whole split.
 TEST_P(Equivalence, EveryRankTrainsOnItsOwnShard) {
   const Case c = GetParam();
+  if (const std::string why = cannot_run(c.n); !why.empty()) GTEST_SKIP() << why;
   const History ref = single_process(c.opt);
   const std::vector<History> runs = distributed(c.n, c.overlap, c.opt, 2048, 8192);
   std::map<size_t, int> owner;
@@ -304,12 +338,14 @@ class Broadcast : public ::testing::TestWithParam<int> {};
 
 TEST_P(Broadcast, DifferentlyInitialisedReplicasBecomeRankZeros) {
   const int n = GetParam();
+  if (const std::string why = cannot_run(n); !why.empty()) GTEST_SKIP() << why;
   std::vector<kit::TransformerLM> models;
   for (int r = 0; r < n; ++r) {
     torch::manual_seed(1000 + r);
     models.emplace_back(small_lm());
     torch::NoGradGuard no_grad;
     for (auto& b : models[r]->buffers()) b.add_(r);  // buffers differ too
+    models[r]->to(device_of(r));
   }
   const Params rank0 = state(*models[0]);
   for (int r = 1; r < n; ++r) {
@@ -318,7 +354,7 @@ TEST_P(Broadcast, DifferentlyInitialisedReplicasBecomeRankZeros) {
     ASSERT_FALSE(torch::equal(mine.back(), rank0.back()));
   }
 
-  auto groups = kit::ProcessGroup::local_groups(n);
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30), g_backend);
   auto errors = on_every_rank(n, [&](int r) {
     kit::DistributedDataParallel::Options o;
     o.group = groups[r].get();
@@ -474,6 +510,19 @@ int main(int argc, char** argv) {
   // Process-global: set once, before any rank thread exists. One intra-op thread per rank keeps
   // 4 ranks on 2 cores from oversubscribing, and keeps the arithmetic order fixed.
   torch::set_num_threads(1);
-  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);  // takes the --gtest_* flags out of argv
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--backend=gloo" || arg == "--backend=nccl") {
+      g_backend = arg.substr(std::string("--backend=").size());
+    } else {
+      std::fprintf(stderr, "ddp_tests: unknown argument '%s' (gtest's flags, --backend=gloo|nccl)\n",
+                   arg.c_str());
+      return 2;
+    }
+  }
+  // Only the Equivalence and Broadcast cases are written for NCCL; the others stay Gloo tests.
+  // The same pattern selects the gpu.ddp.* tests in CTest (tests/ddp/CMakeLists.txt).
+  if (g_backend == "nccl" && GTEST_FLAG_GET(filter) == "*") GTEST_FLAG_SET(filter, KIT_DDP_NCCL_CASES);
   return RUN_ALL_TESTS();
 }

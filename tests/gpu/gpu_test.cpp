@@ -1,0 +1,408 @@
+// GPU tests (CTest label gpu): the NCCL half of the kit, which the CPU-only CI cannot run.
+//
+//   * NcclCollectives  kit::ProcessGroup on NCCL: all_reduce (SUM, AVG, MAX, MIN, several tensors
+//                      in one call), broadcast from every root, all_gather, reduce_scatter, on
+//                      CUDA tensors, each result against its closed form for every rank;
+//   * NcclDDP          kit::DistributedDataParallel over NCCL trains exactly like one process
+//                      that sees the whole global batch (1e-5 relative, as tests/ddp on Gloo);
+//   * Ex01OnGpus       exercise 01's solution under ddprun, one process per GPU: every rank
+//                      drives cuda:LOCAL_RANK with NCCL and the run finishes;
+//   * NcclGroups       where NCCL cannot run, asking for it is refused with the reason (this
+//                      one runs on every machine).
+//
+// The in-process ranks are threads, one per GPU (NCCL cannot put two ranks of one group on the
+// same GPU), so the world size is the number of visible GPUs; a world of one on a single GPU
+// still goes through NCCL. Where there is no GPU, or LibTorch is a CPU build, each test is
+// skipped with kit::ProcessGroup::nccl_unavailable()'s reason, which CTest reports as skipped.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "child_process.h"  // Process, Result, TempDir, clean_env (tests/support)
+#include "kit/ddp.h"
+#include "kit/process_group.h"
+#include "kit/transformer_lm.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Skips the calling test unless `ranks` NCCL ranks can run in this process.
+#define SKIP_UNLESS_NCCL(ranks)                                                       \
+  do {                                                                                \
+    if (const std::string why = kit::ProcessGroup::nccl_unavailable(ranks); !why.empty()) \
+      GTEST_SKIP() << why;                                                            \
+  } while (0)
+
+// One rank per visible GPU.
+int gpus() { return static_cast<int>(torch::cuda::device_count()); }
+
+torch::Device gpu(int r) { return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(r)); }
+
+// Runs fn(group, device) on n NCCL ranks at once, one thread each, rank r on cuda:r (also as the
+// thread's current device, as in a process of its own). An exception on a rank fails the test
+// with the rank's number.
+void on_gpu_ranks(int n, const std::function<void(kit::ProcessGroup&, torch::Device)>& fn) {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(60), "nccl");
+  ASSERT_EQ(groups.size(), static_cast<size_t>(n));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        c10::DeviceGuard on_gpu(gpu(r));
+        fn(*groups[r], gpu(r));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " threw";
+}
+
+// A result must come back where it was sent (NCCL works in place on the rank's GPU); the values
+// are compared in host memory.
+void expect_on(const torch::Tensor& t, torch::Device device, const torch::Tensor& want, int rank,
+               const char* what) {
+  EXPECT_EQ(t.device(), device) << "rank " << rank << ", " << what;
+  auto got = t.cpu();
+  EXPECT_TRUE(got.sizes() == want.sizes() && torch::allclose(got, want, 0, 1e-6))
+      << "rank " << rank << ", " << what << ": got\n" << got << "\nwant\n" << want;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where NCCL cannot run: refused, with the reason
+// ---------------------------------------------------------------------------------------------
+
+TEST(NcclGroups, MoreRanksThanGpusAreRefusedWithTheReason) {
+  const int visible = kit::ProcessGroup::nccl_built() && torch::cuda::is_available() ? gpus() : 0;
+  const int too_many = visible + 1;
+  const std::string why = kit::ProcessGroup::nccl_unavailable(too_many);
+  ASSERT_FALSE(why.empty()) << too_many << " NCCL ranks on " << visible << " GPUs declared possible";
+  if (!kit::ProcessGroup::nccl_built())
+    EXPECT_NE(why.find("CPU build"), std::string::npos) << why;
+  else if (visible == 0)
+    EXPECT_NE(why.find("no GPU visible"), std::string::npos) << why;
+  else
+    EXPECT_NE(why.find(std::to_string(visible) + " visible"), std::string::npos) << why;
+  try {
+    kit::ProcessGroup::local_groups(too_many, std::chrono::seconds(5), "nccl");
+    ADD_FAILURE() << "local_groups(" << too_many << ", nccl) did not refuse";
+  } catch (const kit::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kit::ProcessGroup::local_groups(1, std::chrono::seconds(5), "mpi"), kit::CommError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives on NCCL, one rank per GPU
+// ---------------------------------------------------------------------------------------------
+
+TEST(NcclCollectives, AllReduceSumAvgMaxMin) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device dev) {
+    EXPECT_EQ(g.backend(), "nccl");
+    EXPECT_EQ(g.size(), n);
+    const int r = g.rank();
+    const float sum1 = n * (n + 1) / 2.0f;       // sum of r + 1 over the ranks
+    const float sum_r = n * (n - 1) / 2.0f;      // sum of r
+
+    auto t = torch::tensor({float(r + 1), float(10 * r), float(-r)}).to(dev);
+    g.all_reduce(t, kit::ReduceOp::SUM);
+    expect_on(t, dev, torch::tensor({sum1, 10 * sum_r, -sum_r}), r, "SUM float");
+
+    auto i = torch::full({2, 3}, int64_t{r}, torch::kLong).to(dev);
+    g.all_reduce(i, kit::ReduceOp::SUM);
+    EXPECT_TRUE(torch::equal(i.cpu(), torch::full({2, 3}, int64_t{n * (n - 1) / 2}, torch::kLong)))
+        << "rank " << r << ", SUM int64: " << i;
+
+    // Every element divided by the world size; one element that only rank 0 contributes.
+    auto a = torch::full({3, 2}, float(2 * (r + 1))).to(dev);
+    a[1][1] = float(r == 0 ? 4 * n : 0);
+    g.all_reduce(a, kit::ReduceOp::AVG);
+    auto want = torch::full({3, 2}, float(n + 1));
+    want[1][1] = 4.0f;
+    expect_on(a, dev, want, r, "AVG");
+
+    auto hi = torch::tensor({float(r), float(-r)}).to(dev), lo = hi.clone();
+    g.all_reduce(hi, kit::ReduceOp::MAX);
+    g.all_reduce(lo, kit::ReduceOp::MIN);
+    expect_on(hi, dev, torch::tensor({float(n - 1), 0.0f}), r, "MAX");
+    expect_on(lo, dev, torch::tensor({0.0f, float(1 - n)}), r, "MIN");
+  });
+}
+
+// Several tensors in one call travel packed in one buffer and come back unpacked, each reduced on
+// its own (what DDP's buckets and the trainer's loss/count pairs rely on).
+TEST(NcclCollectives, AllReduceAsyncReducesEveryTensorOfTheCall) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device dev) {
+    const int r = g.rank();
+    std::vector<torch::Tensor> ts = {torch::full({4}, float(r)).to(dev),
+                                     torch::full({2, 2}, float(2 * r + 1)).to(dev)};
+    kit::Work w = g.all_reduce_async(ts, kit::ReduceOp::SUM);
+    w.wait();
+    const float sum_r = n * (n - 1) / 2.0f;
+    expect_on(ts[0], dev, torch::full({4}, sum_r), r, "first tensor");
+    expect_on(ts[1], dev, torch::full({2, 2}, 2 * sum_r + n), r, "second tensor");
+  });
+}
+
+TEST(NcclCollectives, BroadcastCopiesTheRootsTensorFromEveryRoot) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device dev) {
+    const int r = g.rank();
+    for (int root = 0; root < n; ++root) {
+      // Rank r holds 100 r + 0..5, so whose values arrived is visible in every element.
+      auto t = (torch::arange(6, torch::kFloat) + 100.0f * r).view({2, 3}).to(dev);
+      g.broadcast(t, root);
+      expect_on(t, dev, (torch::arange(6, torch::kFloat) + 100.0f * root).view({2, 3}), r,
+                ("broadcast from root " + std::to_string(root)).c_str());
+    }
+  });
+}
+
+TEST(NcclCollectives, AllGatherPutsTheInputsInRankOrder) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device dev) {
+    const int r = g.rank();
+    auto input = (torch::arange(3, torch::kFloat) + 10.0f * r).to(dev);
+    // Expected: 0 1 2 | 10 11 12 | 20 21 22 | ...
+    auto want = (torch::arange(3, torch::kFloat).repeat({n}) +
+                 10.0f * torch::arange(n, torch::kFloat).repeat_interleave(3));
+    auto flat = torch::empty({3 * n}, input.options());
+    g.all_gather(flat, input);
+    expect_on(flat, dev, want, r, "all_gather into a flat tensor");
+    // A non-contiguous output [n, 3] (the transpose of [3, n]) takes the other path.
+    auto shaped = torch::empty({3, n}, input.options()).t();
+    ASSERT_FALSE(shaped.is_contiguous());
+    g.all_gather(shaped, input);
+    expect_on(shaped, dev, want.view({n, 3}), r, "all_gather into a non-contiguous tensor");
+  });
+}
+
+TEST(NcclCollectives, ReduceScatterGivesEachRankItsChunkSummed) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device dev) {
+    const int r = g.rank();
+    // Chunk c of rank r's input is (r + 1) (c + 1) [1, 2]: rank c ends with
+    // (c + 1) n (n + 1) / 2 [1, 2].
+    auto input = torch::empty({n, 2});
+    for (int c = 0; c < n; ++c) input[c] = torch::tensor({1.0f, 2.0f}) * float((r + 1) * (c + 1));
+    input = input.to(dev);
+    auto output = torch::empty({2}, input.options());
+    g.reduce_scatter(output, input, kit::ReduceOp::SUM);
+    expect_on(output, dev, torch::tensor({1.0f, 2.0f}) * float((r + 1) * n * (n + 1) / 2), r,
+              "reduce_scatter SUM");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// DDP over NCCL against one process on the whole global batch
+// ---------------------------------------------------------------------------------------------
+
+constexpr int64_t kVocab = 64, kSeqLen = 8, kPerRank = 4, kSteps = 5;
+
+kit::TransformerLMOptions small_lm() {
+  kit::TransformerLMOptions o;
+  o.vocab_size = kVocab;
+  o.d_model = 16;
+  o.heads = 2;
+  o.layers = 1;
+  o.feedforward = 32;
+  o.dropout = 0.0;  // no randomness in forward: ranks and reference must compute the same
+  o.max_len = kSeqLen;
+  return o;
+}
+
+// Step k's global batch: n * kPerRank sequences of random tokens; rank r trains on rows
+// [r * kPerRank, (r + 1) * kPerRank). The same for every n, drawn on the CPU.
+std::vector<torch::Tensor> global_batches(int n) {
+  torch::manual_seed(123);
+  std::vector<torch::Tensor> out;
+  for (int64_t k = 0; k < kSteps; ++k)
+    out.push_back(torch::randint(0, kVocab, {n * kPerRank, kSeqLen + 1}, torch::kLong));
+  return out;
+}
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<torch::Tensor>> params;  // host copies after each step
+  int64_t reduced_steps = 0;                       // DDPStats::steps
+};
+
+// Trains `model` (already on its device) on `batches` with SGD; ddp may be null.
+void train(kit::TransformerLM& model, const std::vector<torch::Tensor>& batches,
+           const kit::DistributedDataParallel* ddp, Trained& out) {
+  const torch::Device dev = model->parameters().front().device();
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  model->train();
+  for (const auto& batch : batches) {
+    auto b = batch.to(dev);
+    optimizer.zero_grad();
+    auto loss = kit::lm_loss(model->forward(b.narrow(1, 0, kSeqLen)), b.narrow(1, 1, kSeqLen));
+    loss.backward();
+    optimizer.step();
+    out.losses.push_back(loss.item<double>());
+    std::vector<torch::Tensor> ps;
+    for (auto& p : model->parameters()) ps.push_back(p.detach().cpu().clone());
+    out.params.push_back(std::move(ps));
+  }
+  if (ddp) out.reduced_steps = ddp->stats().steps;
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-12);
+}
+
+class NcclDDP : public ::testing::TestWithParam<bool> {};  // overlap on/off
+
+TEST_P(NcclDDP, MatchesOneProcessOnTheWholeBatch) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  const bool overlap = GetParam();
+  const auto batches = global_batches(n);
+
+  // The reference: one process, the whole global batch, on cuda:0.
+  Trained ref;
+  {
+    torch::manual_seed(1);
+    kit::TransformerLM model(small_lm());
+    model->to(gpu(0));
+    train(model, batches, nullptr, ref);
+  }
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  // The comparison means something only if training moves the loss and the weights.
+  EXPECT_GT(std::abs(ref.losses.front() - ref.losses.back()), 1e-3);
+  EXPECT_GT(relative(ref.params.back()[0], ref.params.front()[0]), 1e-4);
+
+  // n ranks, each its own slice; ranks other than 0 start from other weights, which DDP's
+  // broadcast from rank 0 must replace.
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(r == 0 ? 1 : 100 + r);
+    models.emplace_back(small_lm());
+    models.back()->to(gpu(r));
+  }
+  std::vector<Trained> runs(n);
+  on_gpu_ranks(n, [&](kit::ProcessGroup& g, torch::Device) {
+    const int r = g.rank();
+    kit::DistributedDataParallel::Options o;
+    o.group = &g;
+    o.overlap = overlap;
+    o.first_bucket_bytes = 2048;  // several buckets, started during backward when overlapping
+    o.bucket_cap_bytes = 8192;
+    kit::DistributedDataParallel ddp(models[r], o);
+    EXPECT_GE(ddp.buckets().size(), 3u);
+    std::vector<torch::Tensor> mine;
+    for (auto& b : batches) mine.push_back(b.narrow(0, r * kPerRank, kPerRank));
+    train(models[r], mine, &ddp, runs[r]);
+  });
+
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(runs[r].losses.size(), static_cast<size_t>(kSteps)) << "rank " << r;
+    EXPECT_EQ(runs[r].reduced_steps, kSteps) << "rank " << r << ": DDP did not reduce every backward";
+  }
+  double worst_loss = 0, worst_param = 0;
+  for (int64_t k = 0; k < kSteps; ++k) {
+    // Equal slices: the mean of the ranks' mean losses is the mean over the global batch.
+    double mean = 0;
+    for (auto& run : runs) mean += run.losses[k] / n;
+    const double rel = std::abs(mean - ref.losses[k]) / std::abs(ref.losses[k]);
+    worst_loss = std::max(worst_loss, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << k + 1 << ": ranks' mean loss " << mean << " vs " << ref.losses[k];
+    const auto& p0 = runs[0].params[k];
+    ASSERT_EQ(p0.size(), ref.params[k].size());
+    for (size_t i = 0; i < p0.size(); ++i) {
+      const double d = relative(p0[i], ref.params[k][i]);
+      worst_param = std::max(worst_param, d);
+      EXPECT_LE(d, 1e-5) << "step " << k + 1 << ", parameter " << i;
+      for (int r = 1; r < n; ++r)
+        EXPECT_TRUE(torch::equal(runs[r].params[k][i], p0[i]))
+            << "step " << k + 1 << ": rank " << r << "'s parameter " << i << " differs from rank 0's";
+    }
+  }
+  std::printf("[ worst    ] %d GPU rank(s): loss %.2e, parameters %.2e (relative, %ld steps)\n", n,
+              worst_loss, worst_param, static_cast<long>(kSteps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Nccl, NcclDDP, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "overlap" : "no_overlap"; });
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 01's solution, one process per GPU, started by ddprun
+// ---------------------------------------------------------------------------------------------
+
+// The quick run of `kit check` (common/tools/rules/ex01.py: RUN_FLAGS and CORPUS_FLAGS).
+const std::vector<std::string> kRunFlags = {
+    "--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
+    "--d-model", "32", "--heads", "2", "--layers", "1", "--feedforward", "64",
+    "--dropout", "0", "--seed", "7"};
+const std::vector<std::string> kCorpusFlags = {"--train-tokens", "4000", "--valid-tokens", "1200",
+                                               "--test-tokens", "1200", "--seed", "3"};
+
+TEST(Ex01OnGpus, EveryRankDrivesItsOwnGpuWithNccl) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  kit_test::TempDir dir("kit-gpu", "KIT_GPU_KEEP");  // KIT_GPU_KEEP=1: keep it for a post-mortem
+  const std::string tag = "kit-gpu-" + std::to_string(::getpid());
+  auto env = [&](const std::map<std::string, std::string>& extra) {
+    return kit_test::clean_env("KIT_GPU_TEST_TAG", tag, extra);
+  };
+
+  std::vector<std::string> corpus = {MAKE_CORPUS_EXE, "--out", (dir.path / "data").string()};
+  corpus.insert(corpus.end(), kCorpusFlags.begin(), kCorpusFlags.end());
+  kit_test::Result made = kit_test::Process(corpus, env({}), dir.path, "make_corpus").wait(60);
+  ASSERT_EQ(made.exit_code, 0) << made;
+
+  std::vector<std::string> job = {DDPRUN_EXE, "--nproc-per-node", std::to_string(n), "--",
+                                  TRAINER_EXE, "--data-dir", (dir.path / "data").string(),
+                                  "--out-dir", (dir.path / "run").string()};
+  job.insert(job.end(), kRunFlags.begin(), kRunFlags.end());
+  const fs::path trace = dir.path / "trace";
+  fs::create_directories(trace);
+  kit_test::Result run =
+      kit_test::Process(job, env({{"KIT_TRACE_DIR", trace.string()}, {"KIT_TIMEOUT", "120"}}),
+                        dir.path, "ex01")
+          .wait(540);
+  ASSERT_FALSE(run.timed_out) << run;
+  ASSERT_EQ(run.exit_code, 0) << run;
+
+  for (int r = 0; r < n; ++r) {
+    const std::string line = "rank " + std::to_string(r) + " of " + std::to_string(n) +
+                             ": local rank " + std::to_string(r) + ", device cuda:" +
+                             std::to_string(r);
+    EXPECT_NE(run.out.find(line), std::string::npos) << "missing \"" << line << "\"\n" << run;
+    // The run trace says which backend setup() chose.
+    const std::string setup = kit_test::read_file(trace / ("rank" + std::to_string(r) + ".trace"));
+    EXPECT_NE(setup.find("device=cuda:" + std::to_string(r) + " backend=nccl"), std::string::npos)
+        << "rank " << r << "'s trace:\n" << setup;
+  }
+  EXPECT_NE(run.out.find("final test loss"), std::string::npos) << run;
+  EXPECT_EQ(run.err.find("no GPU"), std::string::npos) << run;
+  EXPECT_TRUE(fs::exists(dir.path / "run" / "model-final.pt")) << run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The in-process ranks share the cores; the GPU does the arithmetic.
+  torch::set_num_threads(1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the GPU tests and the GPU benchmark, on a machine with NVIDIA GPUs and a CUDA
+# build of PyTorch. CI has no GPU; this is how the NCCL half of the kit gets run.
+#
+#   tests/gpu/run.sh [BUILD_DIR]        BUILD_DIR: default build-gpu in the repository root
+#
+#  1. configures BUILD_DIR against the torch of $PYTHON: CMAKE_PREFIX_PATH from
+#     torch.utils.cmake_prefix_path. A torch outside the kit's tested range (KIT_TORCH_OLDEST/NEWEST
+#     in common/cmake/torch.cmake) is built anyway, with -DKIT_ALLOW_UNTESTED_TORCH=ON, and the
+#     output says so;
+#  2. builds only what the GPU tests and the benchmark need (no stages, no other test areas);
+#  3. runs `ctest -L gpu --output-on-failure` (tests/gpu/CMakeLists.txt lists the tests); a case
+#     that cannot run here (too few GPUs, say) is reported as skipped, and its reason is listed;
+#  4. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
+#     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward.
+#
+# Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
+# build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
+# bench.txt (the table) and bench.log (the raw BENCH lines). Exit status 0 when everything built
+# and passed, 1 when a test or the benchmark failed, 2 when it could not build.
+#
+# Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
+# LibTorch looks for the CUDA toolkit) and nvidia-smi; no network. GoogleTest and the Gloo
+# headers (the torch wheel has Gloo inside but not its headers) come from the system or, where
+# they are missing and nothing can be installed, from Debian packages brought along:
+#
+#   KIT_DEBS=DIR tests/gpu/run.sh       every DIR/*.deb is unpacked (dpkg -x) into BUILD_DIR/debs,
+#                                       which goes on CMAKE_PREFIX_PATH and the include path;
+#                                       nothing is installed on the system
+#
+# Prepare DIR where Debian's (or Ubuntu's) package lists are reachable, e.g. on the kit's
+# development machine, and copy it to the GPU machine:
+#
+#   mkdir debs && cd debs && apt-get download libgloo-dev libgtest-dev googletest
+#
+# Environment: PYTHON (python with torch; default python3), KIT_DEBS, OUT, KIT_JOBS (build jobs;
+# default: all cores), CXX (the compiler of a new build folder), BENCH_STEPS / BENCH_WARMUP /
+# BENCH_REPEATS (run length), KIT_BENCH_ARGS (more run_bench.py flags, e.g. "--vocab 33278"),
+# KIT_NO_BENCH=1 (tests only).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$ROOT/build-gpu}
+case "$BUILD" in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
+PYTHON=${PYTHON:-python3}
+JOBS=${KIT_JOBS:-$(nproc 2>/dev/null || echo 4)}
+RESULTS=${OUT:-$BUILD/results}
+
+say() { printf 'gpu: %s\n' "$*"; }
+die() { printf 'gpu: error: %s\n' "$*" >&2; exit 2; }
+
+# a < b for versions like 2.13 (sort -V knows that 2.9 < 2.13).
+version_lt() {
+  [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$1" ]
+}
+
+# DEB DIR: what `dpkg -x` does, also where there is no dpkg (a RHEL-like cluster): a .deb is an ar
+# archive whose data.tar.* holds the files.
+unpack_deb() {
+  if command -v dpkg >/dev/null; then
+    dpkg -x "$1" "$2"
+    return
+  fi
+  local member z=()
+  member=$(ar t "$1" | grep '^data\.tar') || return 1
+  case "$member" in
+    *.xz) z=(-J) ;;
+    *.zst) z=(--zstd) ;;
+    *.gz) z=(-z) ;;
+    *.bz2) z=(-j) ;;
+  esac
+  ar p "$1" "$member" | tar -x "${z[@]}" -C "$2" -f -
+}
+
+# --- what is there --------------------------------------------------------------------------------
+command -v cmake >/dev/null || die "cmake not found"
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found (PYTHON=... names the python with torch)"
+# One line each: version, CMake prefix, CUDA version ("" for a CPU build), visible GPUs.
+torch_info=$("$PYTHON" -W ignore -c '
+import torch
+print(torch.__version__)
+print(torch.utils.cmake_prefix_path)
+print(torch.version.cuda or "")
+print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') ||
+  die "$PYTHON cannot import torch"
+{ read -r torch_version; read -r torch_prefix; read -r torch_cuda; read -r gpus; } <<<"$torch_info"
+if [ -n "$torch_cuda" ] && ! command -v nvcc >/dev/null; then
+  die "nvcc not found: the CMake config of a CUDA build of torch needs the CUDA toolkit (load its module, or put it on PATH)"
+fi
+
+mkdir -p "$BUILD" "$RESULTS"
+{
+  echo "date:   $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "host:   $(uname -n)"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/GPU:    /' ||
+      echo "GPU:    (nvidia-smi failed: no driver?)"
+    echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1 || true)"
+  else
+    echo "GPU:    (nvidia-smi not found)"
+  fi
+  echo "torch:  $torch_version (CUDA ${torch_cuda:-none}; $gpus GPU(s) visible to torch) from $PYTHON"
+  echo "kit:    $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)')"
+} | tee "$RESULTS/info.txt"
+[ -n "$torch_cuda" ] || say "this torch is a CPU build: the GPU tests will all be skipped"
+
+# The kit's tested range of LibTorch, from the file that enforces it.
+torch_cmake=$ROOT/common/cmake/torch.cmake
+oldest=$(sed -n 's/^set(KIT_TORCH_OLDEST \([0-9.]*\)).*/\1/p' "$torch_cmake")
+newest=$(sed -n 's/^set(KIT_TORCH_NEWEST \([0-9.]*\)).*/\1/p' "$torch_cmake")
+minor=$(printf '%s\n' "$torch_version" | sed 's/^\([0-9]*\.[0-9]*\).*/\1/')
+untested=()
+if version_lt "$minor" "$oldest" || version_lt "$newest" "$minor"; then
+  say "torch $torch_version is outside the kit's tested range $oldest to $newest: building anyway" \
+      "(-DKIT_ALLOW_UNTESTED_TORCH=ON); a failure may be the version's" | tee -a "$RESULTS/info.txt"
+  untested=(-DKIT_ALLOW_UNTESTED_TORCH=ON)
+fi
+
+# --- headers from .deb files (KIT_DEBS) -----------------------------------------------------------
+prefixes=$torch_prefix
+extra_flags=()
+if [ -n "${KIT_DEBS:-}" ]; then
+  debroot=$BUILD/debs
+  rm -rf "$debroot"
+  mkdir -p "$debroot"
+  found=0
+  for deb in "$KIT_DEBS"/*.deb; do
+    [ -f "$deb" ] || continue
+    found=1
+    unpack_deb "$deb" "$debroot" || die "cannot unpack $deb"
+    say "unpacked $(basename "$deb") into $debroot"
+  done
+  [ "$found" = 1 ] || die "KIT_DEBS=$KIT_DEBS holds no .deb files"
+  # find_package(GTest) looks under <prefix>/lib/<arch>/cmake; the headers (gtest/, gloo/) need
+  # the include path, since the kit includes them without any package's help.
+  prefixes="$prefixes;$debroot/usr"
+  extra_flags=("-DCMAKE_CXX_FLAGS=-isystem $debroot/usr/include")
+fi
+
+# --- configure and build ----------------------------------------------------------------------------
+compiler=()
+if [ ! -f "$BUILD/CMakeCache.txt" ] && [ -n "${CXX:-}" ]; then compiler=("-DCMAKE_CXX_COMPILER=$CXX"); fi
+say "configuring $BUILD (log: $RESULTS/configure.log)"
+if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
+    "-DCMAKE_PREFIX_PATH=$prefixes" -DKIT_BUILD_TESTS=ON -DKIT_BUILD_STAGES=OFF \
+    "-DKIT_TEST_AREAS=gpu;ddp;bench" "${untested[@]}" "${extra_flags[@]}" \
+    >"$RESULTS/configure.log" 2>&1; then
+  tail -n 30 "$RESULTS/configure.log" >&2
+  if grep -q "GTest" "$RESULTS/configure.log"; then
+    say "GoogleTest is missing: bring it as .deb files (KIT_DEBS=DIR, see the top of $0)" >&2
+  fi
+  die "configuring $BUILD failed (log: $RESULTS/configure.log)"
+fi
+grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
+
+targets=(gpu_tests ddp_tests bench_ddp ex01-solution ddprun make_corpus corpus)
+say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
+if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
+  grep -m 20 -E 'error|Error' "$RESULTS/build.log" >&2 || tail -n 30 "$RESULTS/build.log" >&2
+  if grep -q "gloo/.*file not found\|gloo/.*No such file" "$RESULTS/build.log"; then
+    say "the Gloo headers are missing: bring libgloo-dev as a .deb file (KIT_DEBS=DIR, see the top of $0)" >&2
+  fi
+  die "building failed (log: $RESULTS/build.log)"
+fi
+
+# --- the tests ----------------------------------------------------------------------------------------
+status=0
+say "ctest -L gpu"
+(cd "$BUILD" && ctest -L gpu --output-on-failure --no-tests=error) 2>&1 | tee "$RESULTS/ctest.log" || status=1
+details=$BUILD/Testing/Temporary/LastTest.log
+if [ -f "$details" ]; then
+  cp "$details" "$RESULTS/ctest-details.log"
+  # gtest prints "<file>:<line>: Skipped" and the reason on the next line.
+  reasons=$(awk '/^[0-9]+\/[0-9]+ Testing: / { name = $0; sub(/^[0-9]+\/[0-9]+ Testing: /, "", name); sub(/  # GetParam.*/, "", name) }
+                 want { print "  " name ": " $0; want = 0 }
+                 /: Skipped$/ { want = 1 }' "$details")
+  if [ -n "$reasons" ]; then
+    printf 'skipped, and why:\n%s\n' "$reasons" | tee -a "$RESULTS/ctest.log"
+  fi
+fi
+
+# --- the benchmark on one GPU ---------------------------------------------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ]; then
+  say "benchmark not run (KIT_NO_BENCH=1)" | tee "$RESULTS/bench.txt"
+elif [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "benchmark not run: it needs a GPU and a CUDA build of torch" | tee "$RESULTS/bench.txt"
+else
+  read -r -a bench_args <<<"${KIT_BENCH_ARGS:-}"
+  say "DDP benchmark on one GPU: kit C++ DDP vs PyTorch DDP (a few minutes)"
+  rm -f "$RESULTS/bench.log"
+  "$PYTHON" "$ROOT/tests/bench/run_bench.py" --device cuda --ranks 1 \
+      --bench "$BUILD/bin/bench_ddp" --ddprun "$BUILD/bin/ddprun" --data "$BUILD/data/wikitext-2" \
+      --python "$PYTHON" --log "$RESULTS/bench.log" "${bench_args[@]}" 2>&1 |
+    tee "$RESULTS/bench.txt" || status=1
+fi
+
+say "results in $RESULTS"
+exit "$status"
