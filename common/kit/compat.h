@@ -13,6 +13,8 @@
 //   4. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
 //   5. the Gloo headers are not in the pip wheel: the build takes them from Debian's
 //      libgloo-dev (common/CMakeLists.txt); only pointers to Gloo types cross into LibTorch.
+//   6. GPU memory figures and the GPU's PCI address (for NVML) exist only in a CUDA build; a
+//      CPU build answers "not known" (-1, "").
 #pragma once
 
 #include <torch/version.h>
@@ -23,8 +25,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #if defined(KIT_HAVE_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
+
+#include <cstdio>
+#include <string>
 
 #if TORCH_VERSION_MAJOR < 2
 #error "kit: LibTorch 2.x is required (see README: supported versions)"
@@ -66,6 +73,35 @@ inline void set_cuda_device(int index) { c10::cuda::set_device(static_cast<c10::
 #else
 constexpr bool kHaveNccl = false;
 #endif
+
+// 6. The most bytes the caching allocator held for tensors on GPU `index` since the last reset
+// (torch.cuda.max_memory_allocated()); -1 in a CPU build.
+inline int64_t peak_gpu_bytes([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+#else
+  return -1;
+#endif
+}
+inline void reset_peak_gpu_bytes([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+#endif
+}
+// GPU `index`'s PCI address as NVML spells it ("00000000:65:00.0"), which, unlike the index,
+// means the same GPU whatever CUDA_VISIBLE_DEVICES says; "" in a CPU build.
+inline std::string pci_bus_id([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+  char id[32];
+  std::snprintf(id, sizeof id, "%08x:%02x:%02x.0", static_cast<unsigned>(p->pciDomainID),
+                static_cast<unsigned>(p->pciBusID), static_cast<unsigned>(p->pciDeviceID));
+  return id;
+#else
+  return "";
+#endif
+}
 
 }  // namespace kit::compat
 

@@ -1,11 +1,21 @@
-// kit/metrics.h — Metrics: a metrics.csv for plots and a progress line now and then, on rank 0.
+// kit/metrics.h — Metrics: metrics.csv, progress lines, and what every rank did in each epoch.
 //
-//   kit::Metrics metrics(args.out_dir, args.batch_size);   // once
-//   metrics.step(epoch, loss);                              // after every optimizer step
+//   kit::Metrics metrics(args.out_dir, args.batch_size, device);   // once, on every rank
+//   metrics.step(epoch, loss);     // after every optimizer step
+//   metrics.end_epoch(epoch);      // after an epoch's last training step (every rank: it gathers)
 //
-// metrics.csv has one row per training step: step,epoch,loss,samples_per_s,ranks,elapsed_s
-// (loss: rank 0's loss of that step; samples_per_s: all ranks together). Only rank 0 writes,
-// so a trainer can call it on every rank.
+// metrics.csv (written by rank 0) has two kinds of rows, told apart by the `rank` column:
+//   step,epoch,loss,samples_per_s,ranks,elapsed_s,rank,device,host,peak_mem_mib,gpu_busy_pct
+//   * one row per training step, `rank` empty: rank 0's loss of that step and the throughput of
+//     all ranks together; the last five columns are empty;
+//   * at each epoch's end, one row per rank, `rank` = its number, `step` = the epoch's last step,
+//     `loss` empty: that rank's own samples/s over the epoch, its device and node, and its peak
+//     memory (on a GPU: the most the caching allocator held, as torch.cuda.max_memory_allocated();
+//     on the CPU: the process's peak resident memory), and on a GPU where NVML is installed, how
+//     busy the GPU was over its last sample period (about a second).
+// The per-rank rows are the proof that a job really uses every GPU it holds: a rank that sat idle,
+// or shares a GPU with another, is one row away. Rank 0 prints the same figures at each epoch's
+// end (one line per rank, or a summary beyond 16 ranks).
 #pragma once
 
 #include <chrono>
@@ -18,17 +28,24 @@ namespace kit {
 
 class Metrics {
  public:
-  // first_step > 0: a resumed run; rows are appended after the ones already in the file.
-  Metrics(const std::string& out_dir, int64_t batch_size, int64_t first_step = 0,
-          double progress_every_s = 10.0);
+  // device: the one this rank trains on (setup()'s). first_step > 0: a resumed run; rows are
+  // appended after the ones already in the file.
+  Metrics(const std::string& out_dir, int64_t batch_size, torch::Device device,
+          int64_t first_step = 0, double progress_every_s = 10.0);
   ~Metrics();
   void step(int64_t epoch, const torch::Tensor& loss);
+  // Collective when the process group is up: every rank must call it, at the same point.
+  void end_epoch(int64_t epoch);
 
  private:
   std::FILE* csv_ = nullptr;
   int64_t batch_size_, steps_ = 0, steps_at_last_line_ = 0;
+  torch::Device device_;
   double every_s_;
   std::chrono::steady_clock::time_point start_, last_step_, last_line_;
+  // This epoch, on this rank: its steps so far and the time of its first and last one.
+  int64_t epoch_steps_ = 0;
+  std::chrono::steady_clock::time_point epoch_first_, epoch_last_;
 };
 
 }  // namespace kit

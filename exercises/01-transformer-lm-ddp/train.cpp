@@ -14,7 +14,7 @@
 #include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
 #include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
-#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines
+#include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
 #include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
 // TODO 1: Include kit/distributed.h and kit/ddp.h. C++ LibTorch has no torch.distributed module;
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   kit::Checkpoints checkpoints(args.out_dir, kit::config_fingerprint(args, corpus.vocab.size()),
                                args.keep_checkpoints);
   kit::TrainState state = checkpoints.resume(model, optimizer, device, args.resume);
-  kit::Metrics metrics(args.out_dir, args.batch_size, state.global_step);
+  kit::Metrics metrics(args.out_dir, args.batch_size, device, state.global_step);
 
   while (state.epoch < args.epochs) {
     const int64_t epoch = state.epoch;
@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
     torch::Tensor train_mean = train_one_epoch(model, train_loader, optimizer, device, state,
                                                checkpoints, metrics, args.max_steps);
     if (state.stopped) break;
+    metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0
     double train_loss = train_mean.item<double>();
     double val_loss = evaluate(model, val_loader, device).item<double>();
     // TODO 11: Print with kit::print0 in place of std::printf (same arguments). Every rank runs this

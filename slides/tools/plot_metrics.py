@@ -5,8 +5,10 @@
   plot_metrics.py --check --out DIR RUN ...   exit 1 if the files in DIR differ from a fresh plot
 
 metrics.csv (written by rank 0 of a trainer, one row per training step):
-    step,epoch,loss,samples_per_s,ranks,elapsed_s
+    step,epoch,loss,samples_per_s,ranks,elapsed_s[,rank,device,host,peak_mem_mib,gpu_busy_pct]
 step counts from 1 over the whole run, epoch from 1; samples_per_s counts all ranks together.
+The rows with a `rank` (each rank's own figures at an epoch's end, kit/metrics.h) are not steps
+and are left out here; files from before those columns existed plot the same.
 
 Writes into DIR:
   loss-vs-step.svg     training loss against optimizer steps, one curve per rank count
@@ -27,6 +29,7 @@ from plot import Axes  # noqa: E402
 from style import COLORS, INK, MUTED  # noqa: E402
 
 FIELDS = ["step", "epoch", "loss", "samples_per_s", "ranks", "elapsed_s"]
+RANK_FIELDS = ["rank", "device", "host", "peak_mem_mib", "gpu_busy_pct"]
 
 
 class Run:
@@ -34,9 +37,10 @@ class Run:
         self.path = path
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
-            if reader.fieldnames != FIELDS:
-                raise ValueError(f"{path}: header is {reader.fieldnames}, expected {','.join(FIELDS)}")
-            rows = list(reader)
+            if reader.fieldnames not in (FIELDS, FIELDS + RANK_FIELDS):
+                raise ValueError(f"{path}: header is {reader.fieldnames}, expected "
+                                 f"{','.join(FIELDS + RANK_FIELDS)}")
+            rows = [r for r in reader if not r.get("rank")]
         if not rows:
             raise ValueError(f"{path}: no training steps")
         self.step = [int(r["step"]) for r in rows]

@@ -115,7 +115,8 @@ struct Row {
   std::string loss;  // as written (%.9g): compared as text, i.e. bit for bit
 };
 
-// metrics.csv: the header, then one row per step: step,epoch,loss,...
+// metrics.csv: the header, then one row per step: step,epoch,loss,... (the per-rank rows at each
+// epoch's end, with a rank number in column 7 and no loss, are not steps: skipped here).
 std::vector<Row> metrics(const fs::path& out, std::string* problem) {
   std::vector<Row> rows;
   auto lines = nonempty_lines(read_file(out / "metrics.csv"));
@@ -129,6 +130,10 @@ std::vector<Row> metrics(const fs::path& out, std::string* problem) {
     std::getline(f, step, ',');
     std::getline(f, epoch, ',');
     std::getline(f, loss, ',');
+    std::string column, rank;
+    for (int c = 4; c <= 7 && std::getline(f, column, ','); ++c)
+      if (c == 7) rank = column;
+    if (!rank.empty()) continue;
     rows.push_back({std::atol(step.c_str()), loss});
   }
   return rows;

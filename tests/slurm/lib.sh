@@ -164,6 +164,24 @@ expect_ranks() {
   return "$ok"
 }
 
+# expect_rank_reports W G CSV: at the epoch's end every rank reported its own work: rank 0 printed
+# one line per rank R, placed on node kitn(R / G + 1) (Slurm's block distribution), with more than
+# zero samples/s; and CSV (the job's metrics.csv) has one row per rank for the epoch, each with a
+# throughput above zero.
+expect_rank_reports() {
+  local w=$1 g=$2 csv=$3 r ok=0 rows
+  expect_count "$w" '^  epoch 1, rank [0-9]+ \(' || ok=1
+  for ((r = 0; r < w; r++)); do
+    expect_count 1 "^  epoch 1, rank $r \\(kitn$((r / g + 1)), [a-z0-9:]+\\): [1-9][0-9]* samples/s, peak memory " || ok=1
+  done
+  rows=$(awk -F, 'NR > 1 && $7 != "" && $4 > 0 { print $7 }' "$csv" 2>/dev/null | sort -n | uniq | wc -l)
+  if [ "$rows" -ne "$w" ]; then
+    say "  $csv: $rows rank(s) with a throughput above zero, expected $w"
+    ok=1
+  fi
+  return "$ok"
+}
+
 # expect_rank0_once: each of rank 0's lines appears exactly once.
 expect_rank0_once() {
   local ok=0

@@ -86,8 +86,9 @@ same_final_loss() {
   return 1
 }
 
-# step,loss of every row of metrics.csv
-losses() { tail -n +2 "$1/metrics.csv" 2>/dev/null | cut -d, -f1,3; }
+# step,loss of every step row of metrics.csv (column 7, rank, is empty; the per-rank rows at each
+# epoch's end hold throughput and memory, which differ between any two runs)
+losses() { tail -n +2 "$1/metrics.csv" 2>/dev/null | awk -F, '$7 == "" { print $1 "," $3 }'; }
 same_losses() {
   local a b
   a=$(losses "$work/ddprun/out")

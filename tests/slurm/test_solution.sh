@@ -5,6 +5,8 @@
 #   * the job completes;
 #   * world size NODES x GPUS: every rank prints its line once, local rank = rank % GPUS;
 #   * rank 0's lines (epoch, final loss) appear exactly once;
+#   * every rank reports its own samples/s at the epoch's end, from the node Slurm put it on, in
+#     the output and in metrics.csv;
 #   * the final loss equals that of the local launcher (ddprun) with as many ranks and the same
 #     flags: srun + the SLURM_* variables set up the very same training as ddprun.
 # As shipped the script asks for 2 nodes x 4 GPUs; for another shape the test passes --nodes and
@@ -29,6 +31,8 @@ check "world size $world, every rank's device mapping" expect_ranks "$world" "$g
 check "$gpus GPUs per node visible" \
   expect_count 1 "^ex01: GPUs per node: $gpus allocated, CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1)))\$"
 check "rank 0's lines appear once" expect_rank0_once
+check "every rank reports its work, on its node" \
+  expect_rank_reports "$world" "$gpus" "$work/job/runs/ex01-$JOB/metrics.csv"
 check "no error in the .err file" expect_count 0 'error' "$ERR"
 check "rendezvous port from the job id" \
   expect_count 1 "^ex01: rendezvous: MASTER_ADDR=kitn1 MASTER_PORT=$((20000 + JOB % 10000))\$"

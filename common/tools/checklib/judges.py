@@ -58,8 +58,30 @@ def check_setup(v, run, nodes, source, ranks):
             device_mismatch(run, ranks, "on one node")
         if found:
             bad.append(found)
+    if run.finished():
+        idle = idle_rank(run, ranks)
+        if idle:
+            bad.append(idle)
     v.add("setup", not bad, what, "; ".join(bad))
     return True
+
+
+def idle_rank(run, ranks):
+    """Every rank reports, at each epoch's end, the training steps it did on its device
+    (kit::Metrics::end_epoch): a rank that did none, or on another device than setup() gave it,
+    is a rank that does not pull its weight."""
+    for r in range(ranks):
+        setup = kv(run.events(r, "setup")[0]) if run.events(r, "setup") else {}
+        reports = [kv(f) for f in run.events(r, "epoch_report")]
+        if not reports:
+            return f"rank {r} reported no epoch: it did not train"
+        for rep in reports:
+            if rep.get("steps") == "0":
+                return f"rank {r} did no training step in epoch {rep.get('epoch')}"
+            if setup.get("device") and not same_device(rep.get("device", ""), setup["device"]):
+                return f"rank {r} reported its work on {rep.get('device')}, but setup() gave it " \
+                       f"{setup['device']}"
+    return None
 
 
 def device_mismatch(run, ranks, layout):
