@@ -393,8 +393,23 @@ TEST(Ex01OnGpus, EveryRankDrivesItsOwnGpuWithNccl) {
     EXPECT_NE(setup.find("device=cuda:" + std::to_string(r) + " backend=nccl"), std::string::npos)
         << "rank " << r << "'s trace:\n" << setup;
   }
+  // Every GPU did the work: rank 0 lists each rank's epoch report on its own GPU, and
+  // metrics.csv has a row per rank with that device and the GPU memory it used.
+  const std::string csv = kit_test::read_file(dir.path / "run" / "metrics.csv");
+  for (int r = 0; r < n; ++r) {
+    const std::string report = "  epoch 1, rank " + std::to_string(r) + " (";
+    const size_t at = run.out.find(report);
+    ASSERT_NE(at, std::string::npos) << "no epoch report of rank " << r << "\n" << run;
+    const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
+    EXPECT_NE(line.find(", cuda:" + std::to_string(r) + "): "), std::string::npos) << line;
+    EXPECT_EQ(line.find("): 0 samples/s"), std::string::npos) << line;
+    EXPECT_EQ(line.find("(host)"), std::string::npos) << "GPU memory expected: " << line;
+    const std::string row = "," + std::to_string(r) + ",cuda:" + std::to_string(r) + ",";
+    EXPECT_NE(csv.find(row), std::string::npos) << "no metrics.csv row of rank " << r << ":\n" << csv;
+  }
   EXPECT_NE(run.out.find("final test loss"), std::string::npos) << run;
   EXPECT_EQ(run.err.find("no GPU"), std::string::npos) << run;
+  EXPECT_EQ(run.out.find("share cuda:"), std::string::npos) << "two ranks on one GPU\n" << run;
   EXPECT_TRUE(fs::exists(dir.path / "run" / "model-final.pt")) << run;
 }
 
