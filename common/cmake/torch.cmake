@@ -56,19 +56,22 @@ endforeach()
 
 find_package(Torch QUIET)
 if(NOT Torch_FOUND)
-  message(FATAL_ERROR "kit: LibTorch not found. Run ./kit build (it makes .venv with the pinned "
-          "torch), or pass -DCMAKE_PREFIX_PATH=$(python -c 'import torch;print(torch.utils.cmake_prefix_path)')")
+  string(CONCAT kit_msg "kit: LibTorch not found (CMAKE_PREFIX_PATH: '${CMAKE_PREFIX_PATH}"
+         "$ENV{CMAKE_PREFIX_PATH}', Torch_DIR: '${Torch_DIR}'): point CMAKE_PREFIX_PATH at "
+         "$(python -c 'import torch;print(torch.utils.cmake_prefix_path)'), or leave it unset "
+         "and ./kit build installs the pinned torch")
+  message(FATAL_ERROR "${kit_msg}")
 endif()
 
 string(REGEX MATCH "^[0-9]+\\.[0-9]+" kit_torch_mm "${Torch_VERSION}")
 if(kit_torch_mm VERSION_LESS KIT_TORCH_OLDEST OR kit_torch_mm VERSION_GREATER KIT_TORCH_NEWEST)
-  set(kit_msg "kit: LibTorch ${Torch_VERSION} is outside the supported range ${KIT_TORCH_OLDEST} to "
-              "${KIT_TORCH_NEWEST} (from ${Torch_DIR}); use the pinned torch of requirements.txt, "
-              "or -DKIT_ALLOW_UNTESTED_TORCH=ON to try anyway")
+  string(CONCAT kit_msg "kit: LibTorch ${Torch_VERSION} is outside the supported range "
+         "${KIT_TORCH_OLDEST} to ${KIT_TORCH_NEWEST} (from ${Torch_DIR}): use the pinned torch of "
+         "requirements.txt, or -DKIT_ALLOW_UNTESTED_TORCH=ON to try anyway")
   if(KIT_ALLOW_UNTESTED_TORCH)
-    message(WARNING ${kit_msg})
+    message(WARNING "${kit_msg}")
   else()
-    message(FATAL_ERROR ${kit_msg})
+    message(FATAL_ERROR "${kit_msg}")
   endif()
 endif()
 

@@ -255,6 +255,30 @@ TEST(BadInput, UnknownFlag) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Backends
+// ---------------------------------------------------------------------------------------------
+
+// KIT_BACKEND=nccl where NCCL cannot run: one line that says why, before anything trains. The
+// GPUs are hidden, so the test means the same on a GPU node; the reason is "a CPU build without
+// NCCL" or "needs a GPU", depending on the LibTorch of this build.
+TEST(BadInput, NcclBackendWithoutAGpu) {
+  TempDir tmp;
+  Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", tmp.path.string()}),
+            clean_env({{"KIT_BACKEND", "nccl"}, {"CUDA_VISIBLE_DEVICES", ""}}), tmp.path, "t");
+  Result r = p.wait(20);
+  expect_one_clear_line(r, {"KIT_BACKEND=nccl", "gloo"});
+  EXPECT_FALSE(fs::exists(tmp.path / "metrics.csv")) << "it trained before refusing";
+}
+
+TEST(BadInput, UnknownBackend) {
+  TempDir tmp;
+  Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", tmp.path.string()}),
+            clean_env({{"KIT_BACKEND", "mpi"}}), tmp.path, "t");
+  Result r = p.wait(20);
+  expect_one_clear_line(r, {"KIT_BACKEND=mpi", "nccl or gloo"});
+}
+
+// ---------------------------------------------------------------------------------------------
 // Checkpoints: damaged, truncated or foreign ones are refused before anything is loaded
 // ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The supported LibTorch range (README, "Building on a cluster"), checked when the kit is
+configured: a LibTorch outside it stops `./kit build` with one line that names the version, the
+range and the way out; -DKIT_ALLOW_UNTESTED_TORCH=ON turns the stop into a warning.
+
+No real LibTorch is needed: a stand-in Torch package (a TorchConfig.cmake that claims a version)
+is all the version check sees before it stops.
+
+usage: test_torch_range.py --work DIR
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+failures = []
+
+
+def expect(cond, what, detail=""):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+        if detail:
+            print("     " + detail.replace("\n", "\n     "))
+
+
+def fake_torch(prefix, version):
+    d = os.path.join(prefix, "share", "cmake", "Torch")
+    os.makedirs(d)
+    with open(os.path.join(d, "TorchConfig.cmake"), "w") as f:
+        f.write('set(Torch_FOUND TRUE)\nset(TORCH_LIBRARIES "")\nset(TORCH_INCLUDE_DIRS "")\n'
+                'set(TORCH_INSTALL_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../../..")\n')
+    with open(os.path.join(d, "TorchConfigVersion.cmake"), "w") as f:
+        f.write(f'set(PACKAGE_VERSION "{version}")\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n')
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    work = ap.parse_args().work
+    shutil.rmtree(work, ignore_errors=True)
+    env = dict(os.environ, KIT_NO_INSTALL="1")
+    env.pop("Torch_DIR", None)
+    for version in ("1.13.1", "2.12.0", "2.99.0"):
+        prefix = os.path.join(work, version)
+        fake_torch(prefix, version)
+        run = subprocess.run([os.path.join(ROOT, "kit"), "build"], capture_output=True, text=True,
+                             env=dict(env, CMAKE_PREFIX_PATH=prefix,
+                                      KIT_BUILD_DIR=os.path.join(prefix, "build")), timeout=120)
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        detail = f"exit {run.returncode}, stderr:\n{run.stderr}"
+        expect(run.returncode == 2, f"LibTorch {version}: ./kit build stops (exit 2)", detail)
+        expect(len(lines) == 1 and f"LibTorch {version} is outside the supported range 2.13 to "
+               "2.14" in lines[0] and "KIT_ALLOW_UNTESTED_TORCH" in lines[0],
+               f"LibTorch {version}: one line with the version, the range and the way out", detail)
+    # The way out: a warning instead of the stop (configuring may still fail later for other
+    # reasons: the stand-in has no libraries; only the version check is judged here).
+    prefix = os.path.join(work, "1.13.1")
+    run = subprocess.run(["cmake", "-S", ROOT, "-B", os.path.join(work, "allowed"),
+                          f"-DCMAKE_PREFIX_PATH={prefix}", "-DKIT_ALLOW_UNTESTED_TORCH=ON",
+                          "-DKIT_BUILD_TESTS=OFF"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    out = run.stdout + run.stderr
+    expect("CMake Warning" in out and "outside the supported range" in out,
+           "-DKIT_ALLOW_UNTESTED_TORCH=ON: the stop becomes a warning", out[-2000:])
+    print(f"{len(failures)} failed" if failures else "all checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
