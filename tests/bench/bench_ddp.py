@@ -1,15 +1,16 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bench_ddp.py -- the Python reference for bench_ddp (issue 2): the same model, sizes and step,
 with torch.nn.parallel.DistributedDataParallel on Gloo.
 
-    /usr/bin/python3 bench_ddp.py --vocab V [flags]                       one process, no DDP
-    ddprun --nproc-per-node 2 -- /usr/bin/python3 bench_ddp.py --vocab V  2 ranks, torch DDP
+    .venv/bin/python bench_ddp.py --vocab V [flags]                       one process, no DDP
+    ddprun --nproc-per-node 2 -- .venv/bin/python bench_ddp.py --vocab V  2 ranks, torch DDP
     ddprun --nproc-per-node 1 -- python3 bench_ddp.py --device cuda --ddp on
                                                                           torch DDP, 1 GPU rank
 
 Under ddprun the ranks join with init_method="env://": ddprun sets RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT, which is all env:// reads. Run it with Debian's python3-torch
-(1.13, the same libtorch as the C++ side), i.e. /usr/bin/python3.
+MASTER_ADDR and MASTER_PORT, which is all env:// reads. Run it with the Python whose torch is the
+C++ side's LibTorch (the build's KIT_TORCH_PYTHON; for ./kit's build, .venv/bin/python), so that
+both sides run the same torch version.
 
 Model = kit::TransformerLM (common/kit/transformer_lm.cpp): nn.Embedding, embedding * sqrt(d),
 + the same sinusoidal position codes (a buffer), dropout, nn.TransformerEncoder of post-norm
@@ -202,8 +203,9 @@ def main():
               flush=True)
     if distributed or use_ddp:
         # Leave without tearing torch's DDP down: in 1.13, destroying the Reducer (at interpreter
-        # exit) joins a Gloo worker thread that waits for the GIL the main thread holds, and rank
-        # 0 hangs forever after printing. Both ranks are done with every collective here.
+        # exit) joined a Gloo worker thread that waited for the GIL the main thread held, and rank
+        # 0 hung forever after printing; kept, as a cheap guard for any torch a user brings.
+        # Both ranks are done with every collective here.
         dist.barrier()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -27,7 +27,8 @@ process on both sides:
 and the extras as above. On a GPU both implementations report the tail as the wait (see
 bench_ddp.cpp): NCCL's wait() does not block the CPU, so the kit's DDPStats has nothing to say.
 
-Only the Python standard library here; the torch side runs under --python (Debian's python3-torch).
+Only the Python standard library here; the torch side runs under --python (the bench target passes
+the Python whose torch is the build's LibTorch).
 Threads: OMP_NUM_THREADS and --threads are set to the same value for both implementations.
 Nothing is asserted about times; the exit code is non-zero only if a run fails or the two models
 do not have the same number of parameters.
@@ -64,7 +65,8 @@ def main():
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--data", default="", help="bundled corpus: sets the vocabulary size")
     ap.add_argument("--vocab", type=int, default=0, help="vocabulary size (default: --data's)")
-    ap.add_argument("--python", default="/usr/bin/python3", help="python with torch (Debian's)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="python whose torch is the C++ side's LibTorch (default: this one)")
     ap.add_argument("--steps", type=int, default=int(os.environ.get("BENCH_STEPS", 30)))
     ap.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 5)))
     ap.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 3)))
