@@ -12,14 +12,16 @@ namespace {
 
 struct Sink {
   std::FILE* file = nullptr;
+  std::string dir, name;  // the trace folder, and this process's name in it ("rank1")
   std::mutex mutex;
   Sink() {
-    const char* dir = std::getenv("KIT_TRACE_DIR");
-    if (dir == nullptr || *dir == '\0') return;
+    const char* d = std::getenv("KIT_TRACE_DIR");
+    if (d == nullptr || *d == '\0') return;
     const char* rank = std::getenv("RANK");
     if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
-    std::string name = rank ? std::string("rank") + rank : "pid" + std::to_string(getpid());
-    file = std::fopen((std::string(dir) + "/" + name + ".trace").c_str(), "a");
+    dir = d;
+    name = rank ? std::string("rank") + rank : "pid" + std::to_string(getpid());
+    file = std::fopen((dir + "/" + name + ".trace").c_str(), "a");
   }
 };
 
@@ -38,6 +40,12 @@ void record(const std::string& event, const std::string& fields) {
   std::lock_guard<std::mutex> lock(s.mutex);
   std::fprintf(s.file, "%s %s\n", event.c_str(), fields.c_str());
   std::fflush(s.file);
+}
+
+std::string file(const std::string& stem, const std::string& ext) {
+  Sink& s = sink();
+  if (s.file == nullptr) return "";
+  return s.dir + "/" + stem + "-" + s.name + "." + ext;
 }
 
 }  // namespace kit::trace

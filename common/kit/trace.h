@@ -4,7 +4,8 @@
 // $KIT_TRACE_DIR/rank<RANK>.trace (RANK from the launcher; the pid if there is none): which
 // samples it read, the parameters' fingerprint at each training forward, every all-reduce, every
 // print0/save0, and whether the process group was still alive at exit. The checker compares these
-// files across ranks; it judges behaviour, not source text.
+// files across ranks; it judges behaviour, not source text. With KIT_TRACE_WEIGHTS=1 the model
+// also saves the weights it starts training from (tests/oracle compares the run with PyTorch).
 #pragma once
 
 #include <string>
@@ -14,5 +15,8 @@ namespace kit::trace {
 bool enabled();
 // Appends "<event> <fields>" as one line; thread-safe, flushed at once so a crash loses nothing.
 void record(const std::string& event, const std::string& fields);
+// A file of this rank's beside its trace, "$KIT_TRACE_DIR/<stem>-rank<RANK>.<ext>", for records
+// too large for a line; "" when tracing is off.
+std::string file(const std::string& stem, const std::string& ext);
 
 }  // namespace kit::trace

@@ -2,6 +2,8 @@
 #include "kit/transformer_lm.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -68,6 +70,7 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
     fields << "step=" << ++training_forwards_ << " params=" << std::setprecision(17) << sum
            << " device=" << device;
     trace::record("forward", fields.str());
+    if (training_forwards_ == 1) save_initial_weights();
   }
   const int64_t seq = tokens.size(1);
   TORCH_CHECK(seq <= options_.max_len, "TransformerLM: sequence of ", seq, " > max_len ", options_.max_len);
@@ -78,6 +81,22 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
                                         x.options()), 1);
   x = encoder_(x, causal).transpose(0, 1);
   return head_(x);
+}
+
+// The weights the first training step starts from (after DDP's broadcast: rank 0's on every
+// rank), for a reference implementation that must start from the same point (tests/oracle).
+// A dictionary name -> tensor written with torch::pickle_save, which Python's torch.load reads.
+void TransformerLMImpl::save_initial_weights() const {
+  const char* wanted = std::getenv("KIT_TRACE_WEIGHTS");
+  const std::string path = trace::file("initial-weights", "pt");
+  if (wanted == nullptr || std::string(wanted) != "1" || path.empty()) return;
+  c10::Dict<std::string, torch::Tensor> state;
+  for (const auto& p : named_parameters()) state.insert(p.key(), p.value().detach().cpu());
+  for (const auto& b : named_buffers()) state.insert(b.key(), b.value().detach().cpu());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(state));
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
