@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""mutate_kit.py -- mutation testing of the kit's library: do the tests catch realistic bugs?
+
+    cmake --build build --target mutate-kit        every bug below, then the score
+    mutate_kit.py --root . --work build/mutate-kit [--only NAME ...] [--list]
+
+Each bug is a small edit of common/ (a line dropped, a wrong argument, a condition that is always
+true), written as "replace this exact text by that". For each one, in a private copy of the
+sources (never the checkout) with a build folder of its own: apply the edit, rebuild (make
+recompiles only the changed file and relinks), run the CTest labels meant to catch it, stop at the
+first failing test, and undo the edit. A bug is *caught* when some test fails, *survived* when all
+of them pass. An edit whose text is no longer in the source, or that no longer compiles, is an
+error of this table, not a result: the run stops and says which.
+
+Not part of `./kit test`: it rebuilds the kit once per bug and takes 15-30 minutes on 2 cores.
+The score goes in the README ("Tests that bite").
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+# name, file, the exact text, its replacement, the labels that should catch it, what the bug is.
+BUGS = [
+    ("save0-every-rank", "common/kit/distributed.cpp",
+     "  if (get_rank() == 0) {\n    torch::serialize::OutputArchive archive;",
+     "  if (true) {\n    torch::serialize::OutputArchive archive;",
+     ["unit", "student"], "save0 writes the file on every rank"),
+    ("print0-every-rank", "common/kit/distributed.cpp",
+     "  if (get_rank() != 0) return;\n  std::fputs(buffer, stdout);",
+     "  std::fputs(buffer, stdout);",
+     ["unit", "student"], "print0 prints on every rank"),
+    ("all-reduce-ignores-op", "common/kit/distributed.cpp",
+     "  g.all_reduce(tensor, op, site);",
+     "  g.all_reduce(tensor, ReduceOp::SUM, site);",
+     ["unit", "student"], "kit::all_reduce always sums, whatever op it is given"),
+    ("finalize-stale-gradient", "common/kit/ddp.cpp",
+     "    if (grad.defined()) dst.copy_(grad.reshape(-1));\n    else dst.zero_();",
+     "    if (grad.defined()) dst.copy_(grad.reshape(-1));",
+     ["ddp", "unit"], "a parameter without a gradient this step keeps its bucket slot's old value"),
+    ("shuffle-ignores-epoch", "common/kit/data_loader.cpp",
+     "std::mt19937_64 engine(seed_ + static_cast<uint64_t>(epoch_));",
+     "std::mt19937_64 engine(seed_);",
+     ["unit", "student"], "the shuffle ignores set_epoch: every epoch has the same order"),
+    ("ddp-sums-gradients", "common/kit/ddp.cpp",
+     "group->all_reduce_async({b.flat}, ReduceOp::AVG)",
+     "group->all_reduce_async({b.flat}, ReduceOp::SUM)",
+     ["ddp"], "DDP sums the ranks' gradients instead of averaging them"),
+    ("ddp-no-broadcast", "common/kit/ddp.cpp",
+     "      r.group->broadcast(flat, 0);\n",
+     "",
+     ["ddp", "student"], "DDP does not copy rank 0's weights to the other ranks"),
+    ("sampler-same-slice", "common/kit/data_loader.cpp",
+     "for (size_t k = static_cast<size_t>(rank_); k < total; k += static_cast<size_t>(replicas_))",
+     "for (size_t k = 0; k < total; k += static_cast<size_t>(replicas_))",
+     ["unit", "ddp"], "every rank reads rank 0's slice of the data"),
+    ("metrics-drops-last-row", "common/kit/metrics.cpp",
+     "step >= 1 && step <= last) kept += line;",
+     "step >= 1 && step < last) kept += line;",
+     ["faults"], "a resumed run loses the metrics.csv row of the checkpoint's step"),
+    ("checkpoint-checksum-ignored", "common/kit/checkpoint.cpp",
+     'if (checksum(bytes) != sum) refuse("is damaged: " + f + " fails its checksum");',
+     "(void)sum;",
+     ["badinput", "faults"], "a damaged checkpoint whose size is right is loaded"),
+    ("world-size-unchecked", "common/kit/distributed.cpp",
+     "  if (theirs != env.world_size)\n",
+     "  if (false)\n",
+     ["badinput"], "ranks that disagree on WORLD_SIZE are not refused"),
+    ("ddprun-keeps-others", "common/launcher/ddprun.cpp",
+     "    begin_stop(SIGTERM);\n  }\n}",
+     "  }\n}",
+     ["launcher", "faults", "badinput"], "ddprun does not stop the other ranks when one dies"),
+]
+
+
+def copy_sources(root, dst):
+    """The tracked files of the checkout (no build folders, no virtual environments)."""
+    files = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, check=True,
+                           text=True).stdout.split("\0")
+    for f in filter(None, files):
+        s, d = os.path.join(root, f), os.path.join(dst, f)
+        if os.path.isfile(s):
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            shutil.copy2(s, d)
+    node = os.path.join(root, "slides", "node_modules")  # only if a bug's labels need the slides
+    if os.path.isdir(node) and not os.path.exists(os.path.join(dst, "slides", "node_modules")):
+        os.symlink(node, os.path.join(dst, "slides", "node_modules"))
+
+
+def run(cmd, log, **kw):
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, **kw).returncode
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", required=True, help="the kit's checkout")
+    ap.add_argument("--work", required=True, help="scratch folder: sources, build, logs")
+    ap.add_argument("--prefix", default=os.environ.get("CMAKE_PREFIX_PATH", ""),
+                    help="CMAKE_PREFIX_PATH of the LibTorch to build against")
+    ap.add_argument("--cxx", default="", help="the C++ compiler (default: CMake's choice)")
+    ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
+    ap.add_argument("--only", nargs="*", default=[], help="names of the bugs to try")
+    ap.add_argument("--list", action="store_true", help="list the bugs and stop")
+    ap.add_argument("--verify", action="store_true",
+                    help="only check that every bug's text is in --root's sources, once")
+    args = ap.parse_args()
+    bugs = [b for b in BUGS if not args.only or b[0] in args.only]
+    if args.verify:
+        stale = [f"{name}: its text occurs {open(os.path.join(args.root, path)).read().count(old)} "
+                 f"times in {path}" for name, path, old, *_ in BUGS
+                 if open(os.path.join(args.root, path)).read().count(old) != 1]
+        for line in stale:
+            print("stale bug " + line)
+        print(f"{len(BUGS) - len(stale)} of {len(BUGS)} bugs apply to the sources")
+        return 1 if stale else 0
+    if args.list or not bugs:
+        for name, path, *_, labels, what in BUGS:
+            print(f"{name:28} {path:32} {','.join(labels):22} {what}")
+        return 0 if args.list else 2
+
+    src, build = os.path.join(args.work, "src"), os.path.join(args.work, "build")
+    log = os.path.join(args.work, "mutate-kit.log")
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    open(log, "w").close()
+    copy_sources(args.root, src)
+    for name, path, old, *_ in bugs:  # a stale table stops before hours of building
+        n = open(os.path.join(src, path)).read().count(old)
+        if n != 1:
+            sys.exit(f"mutate_kit.py: bug {name}: its text occurs {n} times in {path} (expected "
+                     "once): update the table")
+    configure = ["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release"]
+    configure += [f"-DCMAKE_PREFIX_PATH={args.prefix}"] if args.prefix else []
+    configure += [f"-DCMAKE_CXX_COMPILER={args.cxx}"] if args.cxx else []
+    print(f"mutate-kit: {len(bugs)} bugs; building the unmodified kit in {build} (log: {log})",
+          flush=True)
+    if run(configure, log) or run(["cmake", "--build", build, "-j", args.jobs], log):
+        sys.exit(f"mutate_kit.py: the unmodified kit does not build (log: {log})")
+
+    results = []
+    for name, path, old, new, labels, what in bugs:
+        file = os.path.join(src, path)
+        original = open(file).read()
+        start = time.time()
+        try:
+            with open(file, "w") as f:
+                f.write(original.replace(old, new, 1))
+            if run(["cmake", "--build", build, "-j", args.jobs], log):
+                sys.exit(f"mutate_kit.py: bug {name} does not compile (log: {log}): fix the table")
+            regex = "^(" + "|".join(re.escape(label) for label in labels) + ")$"
+            out = subprocess.run(["ctest", "--test-dir", build, "-L", regex, "--stop-on-failure",
+                                  "--timeout", "600"], capture_output=True, text=True)
+            with open(log, "a") as f:
+                f.write(out.stdout + out.stderr)
+            failed = re.findall(r"Test +#\d+: (\S+) \.+\*+(?:Failed|Timeout|Exception)", out.stdout)
+            caught = out.returncode != 0
+            by = failed[0] if failed else ("(ctest failed)" if caught else "")
+        finally:
+            with open(file, "w") as f:
+                f.write(original)
+        results.append((name, caught, by, time.time() - start, what))
+        print(f"  {'caught  ' if caught else 'SURVIVED'} {name:28} {by or '-':60} "
+              f"{time.time() - start:5.0f} s", flush=True)
+    run(["cmake", "--build", build, "-j", args.jobs], log)  # leave the copy unmodified, built
+
+    caught = sum(1 for r in results if r[1])
+    print(f"\nmutate-kit: {caught} of {len(results)} bugs caught")
+    for name, ok, by, _, what in results:
+        if not ok:
+            print(f"  survived: {name}: {what}")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
