@@ -103,6 +103,7 @@ def main():
     ap.add_argument("--work", required=True, help="scratch folder: sources, build, logs")
     ap.add_argument("--prefix", default=os.environ.get("CMAKE_PREFIX_PATH", ""),
                     help="CMAKE_PREFIX_PATH of the LibTorch to build against")
+    ap.add_argument("--torch-dir", default="", help="or Torch_DIR (what the main build found)")
     ap.add_argument("--cxx", default="", help="the C++ compiler (default: CMake's choice)")
     ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
     ap.add_argument("--only", nargs="*", default=[], help="names of the bugs to try")
@@ -137,6 +138,7 @@ def main():
                      "once): update the table")
     configure = ["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release"]
     configure += [f"-DCMAKE_PREFIX_PATH={args.prefix}"] if args.prefix else []
+    configure += [f"-DTorch_DIR={args.torch_dir}"] if args.torch_dir else []
     configure += [f"-DCMAKE_CXX_COMPILER={args.cxx}"] if args.cxx else []
     print(f"mutate-kit: {len(bugs)} bugs; building the unmodified kit in {build} (log: {log})",
           flush=True)
