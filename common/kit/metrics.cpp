@@ -139,10 +139,14 @@ void print_reports(int64_t epoch, const std::vector<RankReport>& all) {
       if (x.samples_per_s < lo) lo = x.samples_per_s, slowest = r;
       hi = std::max(hi, x.samples_per_s);
     }
-    std::printf("  epoch %ld: %d ranks on %d nodes, %.0f to %.0f samples/s per rank (slowest: rank "
-                "%d, %s, %s), peak memory up to %s\n",
-                epoch + 1, n, nodes, lo, hi, slowest, all[slowest].host,
-                device_name(all[slowest]).c_str(), mib_text(peak).c_str());
+    if (std::isinf(lo))  // a run resumed after the epoch's last step: nobody trained
+      std::printf("  epoch %ld: %d ranks on %d nodes, no step in this run, peak memory up to %s\n",
+                  epoch + 1, n, nodes, mib_text(peak).c_str());
+    else
+      std::printf("  epoch %ld: %d ranks on %d nodes, %.0f to %.0f samples/s per rank (slowest: "
+                  "rank %d, %s, %s), peak memory up to %s\n",
+                  epoch + 1, n, nodes, lo, hi, slowest, all[slowest].host,
+                  device_name(all[slowest]).c_str(), mib_text(peak).c_str());
   }
   std::map<std::string, int> owner;
   for (int r = 0; r < n; ++r) {
