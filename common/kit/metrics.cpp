@@ -140,12 +140,12 @@ void print_reports(int64_t epoch, const std::vector<RankReport>& all) {
       hi = std::max(hi, x.samples_per_s);
     }
     if (std::isinf(lo))  // a run resumed after the epoch's last step: nobody trained
-      std::printf("  epoch %ld: %d ranks on %d nodes, no step in this run, peak memory up to %s\n",
-                  epoch + 1, n, nodes, mib_text(peak).c_str());
+      std::printf("  epoch %ld: %d ranks on %d node%s, no step in this run, peak memory up to %s\n",
+                  epoch + 1, n, nodes, nodes == 1 ? "" : "s", mib_text(peak).c_str());
     else
-      std::printf("  epoch %ld: %d ranks on %d nodes, %.0f to %.0f samples/s per rank (slowest: "
+      std::printf("  epoch %ld: %d ranks on %d node%s, %.0f to %.0f samples/s per rank (slowest: "
                   "rank %d, %s, %s), peak memory up to %s\n",
-                  epoch + 1, n, nodes, lo, hi, slowest, all[slowest].host,
+                  epoch + 1, n, nodes, nodes == 1 ? "" : "s", lo, hi, slowest, all[slowest].host,
                   device_name(all[slowest]).c_str(), mib_text(peak).c_str());
   }
   std::map<std::string, int> owner;
