@@ -1,11 +1,12 @@
 // kit/trace.h — trace::record(): what a run did, for the checker (`kit check`, tests/student).
 //
 // Off unless KIT_TRACE_DIR is set. Then every process appends one line per event to
-// $KIT_TRACE_DIR/rank<RANK>.trace (RANK from the launcher; the pid if there is none): which
-// samples it read, the parameters' fingerprint at each training forward, every all-reduce, every
-// print0/save0, and whether the process group was still alive at exit. The checker compares these
-// files across ranks; it judges behaviour, not source text. With KIT_TRACE_WEIGHTS=1 the model
-// also saves the weights it starts training from (tests/oracle compares the run with PyTorch).
+// $KIT_TRACE_DIR/rank<RANK>.trace (RANK from the launcher; the pid if there is none), after a
+// first line "process pid=<pid>": which samples it read, the parameters' fingerprint at each
+// training forward, every all-reduce, every print0/save0 call, and whether the process group was
+// still alive at exit. The checker compares these files across ranks; it judges behaviour, not
+// source text. With KIT_TRACE_WEIGHTS=1 the model also saves the weights it starts training from
+// (tests/oracle compares the run with PyTorch).
 #pragma once
 
 #include <string>

@@ -213,8 +213,10 @@ TEST(BadInput, RankDiesMidRun) {
   ASSERT_GT(rank1, 0);
   ASSERT_GT(rank0, 0);
   ASSERT_EQ(::kill(rank1, SIGKILL), 0);
+  const auto killed = Clock::now();
 
   Result r = job.wait(40);
+  const double after_kill = std::chrono::duration<double>(Clock::now() - killed).count();
   EXPECT_FALSE(r.timed_out) << r;
   EXPECT_EQ(r.signal, 0) << r;
   EXPECT_NE(r.exit_code, 0) << r;
@@ -227,7 +229,10 @@ TEST(BadInput, RankDiesMidRun) {
       EXPECT_NE(line.find("SIGKILL"), std::string::npos) << line;
     }
   EXPECT_TRUE(named) << "ddprun did not say which rank died\n" << r;
-  EXPECT_LT(r.seconds, 60) << r;
+  // ddprun sees rank 1 die at once and stops rank 0: SIGTERM, then SIGKILL after its 5 s grace.
+  // So the job ends within the grace and a margin for a busy machine, well before rank 0 could
+  // have given up on a collective by itself (KIT_TIMEOUT, 20 s).
+  EXPECT_LT(after_kill, 12) << r;
   // Nothing of the job survives ddprun.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_NE(::kill(rank0, 0), 0) << "rank 0 (pid " << rank0 << ") is still running";

@@ -133,6 +133,7 @@ struct History {
   int64_t forwards = 0, backwards = 0;
   kit::DDPStats stats;
   size_t buckets = 0;
+  int64_t collectives = 0;  // what the rank's group actually ran (broadcasts and all-reduces)
 };
 
 // Trains `model` for one epoch with batch `batch`, reading the shard of `sampler`.
@@ -210,6 +211,7 @@ std::vector<History> distributed(int n, bool overlap, Opt opt, size_t first_buck
     train(models[r], *optimizer, sampler, kGlobalBatch / n, runs[r]);
     runs[r].stats = ddp.stats();
     runs[r].buckets = ddp.buckets().size();
+    runs[r].collectives = groups[r]->collectives();
   });
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
@@ -294,7 +296,10 @@ TEST_P(Equivalence, EveryRankTrainsOnItsOwnShard) {
     EXPECT_EQ(run.forwards, kSteps) << "rank " << r;
     EXPECT_EQ(run.backwards, kSteps) << "rank " << r;
     EXPECT_EQ(run.stats.steps, kSteps) << "rank " << r << ": DDP did not reduce every backward";
-    EXPECT_EQ(run.stats.buckets, static_cast<int64_t>(run.buckets));
+    // Observed on the wire: the broadcast of the float32 weights at construction, then one
+    // all-reduce per bucket per step, no more, no fewer.
+    EXPECT_EQ(run.collectives, 1 + kSteps * static_cast<int64_t>(run.buckets))
+        << "rank " << r << ": " << run.buckets << " buckets, " << kSteps << " steps";
     ASSERT_EQ(run.batches.size(), static_cast<size_t>(kSteps));
     for (auto& batch : run.batches) {
       EXPECT_EQ(batch.size(), static_cast<size_t>(kGlobalBatch / c.n));

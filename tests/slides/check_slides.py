@@ -7,13 +7,25 @@
                                 repository (in TMP) and see the TODO slides follow: new line
                                 numbers, new code. The checkout itself is never touched.
   check_slides.py pages BUILD   each PDF in BUILD/pdf has one page per slide (pdfinfo)
+  check_slides.py build BUILD -- COMMAND...
+                                run COMMAND (the `slides` target), then check what it made in
+                                BUILD: for every deck the expanded Markdown (no reference left),
+                                the HTML (every slide, images that resolve offline), the
+                                self-contained HTML and the PDF
+  check_slides.py plots BUILD -- COMMAND...
+                                empty BUILD/runs and BUILD/plots, run COMMAND (the `slides-plots`
+                                target), then check the runs of 1, 2 and 4 ranks and the plots
+                                drawn from them
 """
 import glob
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
+from html import unescape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(ROOT, "slides", "tools")
@@ -168,13 +180,123 @@ def cmd_pages(build):
     return report()
 
 
+def run_command(command):
+    """The build step of a test; its output is shown as it comes."""
+    print("$ " + " ".join(command), flush=True)
+    code = subprocess.run(command).returncode
+    check(code == 0, f"{' '.join(command[-2:])} exits 0 (exit {code})")
+    return code == 0
+
+
+def nonempty_file(path):
+    return os.path.isfile(path) and os.path.getsize(path) > 0
+
+
+def cmd_build(build, command):
+    if not run_command(command):
+        return report()
+    for deck in decks():
+        name = os.path.splitext(os.path.basename(deck))[0]
+        outputs = {kind: os.path.join(build, kind, name + ext) for kind, ext in
+                   (("md", ".md"), ("html", ".html"), ("standalone", ".html"), ("pdf", ".pdf"))}
+        for kind, path in outputs.items():
+            fresh = nonempty_file(path) and os.path.getmtime(path) >= os.path.getmtime(deck)
+            check(fresh, f"{name}: {kind}/{os.path.basename(path)} exists, is not empty and is "
+                  "newer than the deck")
+        if not all(nonempty_file(p) for p in outputs.values()):
+            continue
+        source = open(deck, encoding="utf-8").read()
+        md = open(outputs["md"], encoding="utf-8").read()
+        refs_in_source = len(re.findall(r"\[\[", source))
+        check("[[" not in md, f"{name}: all {refs_in_source} source references are expanded")
+        slides = int(open(outputs["md"] + ".slides", encoding="utf-8").read())
+        titles = re.findall(r"^## (.+)$", md, re.M)
+        html = open(outputs["html"], encoding="utf-8").read()
+        sections = len(re.findall(r"<section[ >]", html))
+        # The title slide plus one per "##": refs.py refuses level-1 headings.
+        check(slides == len(titles) + 1 and sections == slides,
+              f"{name}: the HTML has all {slides} slides ({sections} sections, {len(titles)} "
+              "'##' titles + the title slide)")
+        # Each title's words, in order, in the HTML's text: letters and digits only, since
+        # Pandoc makes quotes and dashes typographic and escapes them.
+        words = lambda text: re.sub(r"[^a-z0-9]", "", text.lower())  # noqa: E731
+        text = words(unescape(re.sub(r"<[^>]+>", "", html)))
+        missing = [t for t in titles if words(t)[:30] not in text]
+        check(not missing, f"{name}: every slide title is in the HTML (missing: {missing[:3]})")
+        images = sorted(set(re.findall(r'(?:src|data-src)="((?!https?:|data:)[^"#]+)"', html)))
+        gone = [i for i in images if not os.path.isfile(os.path.join(build, "html", i))]
+        check(not gone, f"{name}: the {len(images)} local files the HTML loads are beside it "
+              f"(missing: {gone[:3]})")
+        standalone = open(outputs["standalone"], encoding="utf-8").read()
+        # The attributes of the page's elements, not the text inside inlined scripts.
+        tags = re.sub(r"(<script\b[^>]*>).*?(</script>)", r"\1\2", standalone, flags=re.S)
+        outside = re.findall(r'(?:src|href)="((?!https?:|data:|#)[^"]+)"', tags)
+        check(not outside and "Reveal.initialize" in standalone,
+              f"{name}: the standalone HTML loads nothing from beside it ({outside[:3]})")
+        with open(outputs["pdf"], "rb") as f:
+            check(f.read(5) == b"%PDF-", f"{name}: pdf/{name}.pdf is a PDF")
+    return report()
+
+
+def cmd_plots(build, command, ranks=(1, 2, 4)):
+    runs, plots = os.path.join(build, "runs"), os.path.join(build, "plots")
+    # What an earlier build left there must not pass for this build's output.
+    for d in (runs, plots):
+        shutil.rmtree(d, ignore_errors=True)
+    if not run_command(command):
+        return report()
+    sys.path.insert(0, TOOLS)
+    import plot_metrics  # noqa: E402 (slides/tools)
+    folders = []
+    for n in ranks:
+        folder = os.path.join(runs, f"ranks-{n}")
+        check(nonempty_file(os.path.join(folder, "stdout.log")), f"ranks-{n}: the run's output is kept")
+        try:
+            run = plot_metrics.Run(os.path.join(folder, "metrics.csv"))
+        except (OSError, ValueError) as e:
+            check(False, f"ranks-{n}: metrics.csv is readable: {e}")
+            continue
+        check(run.ranks == n, f"ranks-{n}: metrics.csv says {run.ranks} rank(s)")
+        check(len(run.loss) > 0 and all(math.isfinite(x) for x in run.loss),
+              f"ranks-{n}: {len(run.loss)} training steps with finite losses")
+        check(len(run.epochs) >= 1, f"ranks-{n}: epochs {run.epochs}")
+        folders.append(folder)
+    for name, marks in (("loss-vs-step.svg", "polyline"), ("loss-vs-epoch.svg", "polyline"),
+                        ("throughput.svg", "circle"), ("epoch-time.svg", "circle")):
+        path = os.path.join(plots, name)
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError) as e:
+            check(False, f"{name}: written, and valid SVG: {e}")
+            continue
+        found = [el for el in root.iter() if el.tag.split("}")[-1] == marks]
+        # The loss plots draw each rank count twice (raw and smoothed); the scaling plots mark
+        # each rank count with a dot.
+        want = 2 * len(ranks) if marks == "polyline" else len(ranks)
+        check(root.tag.split("}")[-1] == "svg" and len(found) >= want,
+              f"{name}: an SVG with {len(found)} {marks}s (at least {want}: {len(ranks)} rank counts)")
+    summary = os.path.join(plots, "summary.md")
+    rows = re.findall(r"^\| (\d+) \|", open(summary, encoding="utf-8").read(), re.M) \
+        if os.path.isfile(summary) else []
+    check(sorted(map(int, rows)) == list(ranks), f"summary.md: one row per rank count ({rows})")
+    # And the plots are what these runs give, not merely files with the right names.
+    if len(folders) == len(ranks):
+        again = subprocess.run([sys.executable, os.path.join(TOOLS, "plot_metrics.py"), "--check",
+                                "--out", plots] + folders, capture_output=True, text=True)
+        check(again.returncode == 0, f"the plots match the runs' metrics.csv {again.stderr.strip()}")
+    return report()
+
+
 def report():
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("refs", "follow", "pages"):
-        print(__doc__)
-        sys.exit(2)
-    sys.exit({"refs": cmd_refs, "follow": cmd_follow, "pages": cmd_pages}[sys.argv[1]](sys.argv[2]))
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] in ("refs", "follow", "pages"):
+        sys.exit({"refs": cmd_refs, "follow": cmd_follow, "pages": cmd_pages}[args[0]](args[1]))
+    if len(args) > 3 and args[0] in ("build", "plots") and args[2] == "--":
+        sys.exit({"build": cmd_build, "plots": cmd_plots}[args[0]](args[1], args[3:]))
+    print(__doc__)
+    sys.exit(2)

@@ -479,11 +479,15 @@ TEST(RankEnv, FullTorchrunEnvironment) {
   EXPECT_EQ(e.master_port, 29500);
 }
 
-TEST(RankEnv, TorchrunWithoutLocalWorldSizeStillHasALocalRankSlot) {
+TEST(RankEnv, TorchrunWithoutLocalWorldSizeAssumesEveryRankOnThisNode) {
+  // Without LOCAL_WORLD_SIZE the kit cannot tell how many ranks share this node, and takes the
+  // worst case, all 8 of them: each rank then uses fewer threads, and the cores are never
+  // oversubscribed. (Asserted as the exact number: read_rank_env() raises any value below
+  // local_rank + 1 anyway, so "local_world_size > local_rank" would hold whatever it computed.)
   kit::RankEnv e = read_env(without(kTorchrun, {"LOCAL_WORLD_SIZE"}));
   EXPECT_EQ(e.rank, 5);
-  EXPECT_GT(e.local_world_size, e.local_rank);
-  EXPECT_LE(e.local_world_size, e.world_size);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 8);
 }
 
 TEST(RankEnv, NoLauncherIsASingleProcess) {
@@ -554,7 +558,7 @@ TEST(RankEnv, SlurmOnlyEnvironment) {
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_world_size, 4);
   EXPECT_EQ(e.master_addr, "n01");
-  EXPECT_EQ(e.master_port, kit::port_for_job(123456));
+  EXPECT_EQ(e.master_port, 23456);  // 20000 + 123456 mod 10000, as sbatch/ computes it
 }
 
 TEST(RankEnv, SlurmNodelistForms) {
@@ -582,9 +586,13 @@ TEST(RankEnv, SlurmTasksPerNodeFormsAndFallbacks) {
   Vars v = without(kSlurm, {"SLURM_NTASKS_PER_NODE"});
   v["SLURM_TASKS_PER_NODE"] = "4(x2)";
   EXPECT_EQ(read_env(v).local_world_size, 4);
-  // Without any per-node count the local rank still fits.
+  // With no per-node count at all the kit assumes one task per node, but local task 1 proves
+  // that there are at least 2 here: exactly 2, never fewer than the local rank implies.
   kit::RankEnv e = read_env(without(kSlurm, {"SLURM_NTASKS_PER_NODE"}));
-  EXPECT_GT(e.local_world_size, e.local_rank);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(read_env(with(without(kSlurm, {"SLURM_NTASKS_PER_NODE"}), {{"SLURM_LOCALID", "0"}}))
+                .local_world_size, 1);
 }
 
 TEST(RankEnv, SlurmWithExplicitMasterAddrAndPort) {
@@ -608,7 +616,13 @@ TEST(RankEnv, SlurmProblemsAreSetupErrors) {
 }
 
 TEST(RankEnv, PortForJobIsStableDistinctAndOutsideTheEphemeralRange) {
-  EXPECT_EQ(kit::port_for_job(123456), kit::port_for_job(123456));
+  // The formula the job scripts use too (sbatch/job.sh): 20000 + job id mod 10000. Both sides
+  // must agree, so the values are written out here, not computed by the code under test.
+  EXPECT_EQ(kit::port_for_job(0), 20000);
+  EXPECT_EQ(kit::port_for_job(123456), 23456);
+  EXPECT_EQ(kit::port_for_job(9999), 29999);
+  EXPECT_EQ(kit::port_for_job(10000), 20000);
+  EXPECT_EQ(kit::port_for_job(2147483646), 23646);
   std::set<int> seen;
   for (long job : {0L, 1L, 2L, 9999L, 123456L, 123457L, 2147483646L}) {
     int p = kit::port_for_job(job);

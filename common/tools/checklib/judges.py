@@ -193,7 +193,9 @@ def check_ddp(v, run, ranks):
         v.add("ddp", True, what, "")
 
 
-def check_set_epoch(v, run, ranks, sampled, train_size, rules):
+def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
+    """Judged by the order in which the training samples were read: epoch 2 must not repeat epoch
+    1, whatever was called. The set_epoch calls in the trace only help to say why it did."""
     what = "a new shuffle in every epoch (set_epoch)"
     if not sampled:
         v.add("set_epoch", False, what, f"needs the training sampler first (TODOs {v.todo('sampler')} and "
@@ -206,6 +208,11 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules):
     n = min(len(passes[0]), len(passes[1]))
     if passes[0][:n] != passes[1][:n]:
         v.add("set_epoch", True, what)
+        return
+    if not shuffles:
+        v.add("set_epoch", False, what, "epoch 2 read the training samples in exactly the order "
+              f"of epoch 1: the training sampler does not shuffle (TODO {v.todo('sampler')}), so "
+              "no epoch can differ")
         return
     # The order did not change. Was the training sampler told each epoch before its batches?
     events = run.traces[0]
@@ -225,9 +232,12 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules):
         v.add("set_epoch", False, what, "set_epoch() was called, but on another sampler (one of "
               f"{calls[0][2]} samples, the training set has {train_size}): call train_sampler.set_epoch")
     elif train_calls and on_time:
-        # Told in time, yet the same order: the sampler does not shuffle or the loader reads
-        # through another one; TODOs 4-5 say which.
-        v.add("set_epoch", True, what, "")
+        # Told in time, yet the same order: whatever the calls, the training did not get a new
+        # shuffle (a loader that reads through another sampler, a sampler that ignores the epoch).
+        v.add("set_epoch", False, what, "set_epoch() was called before every epoch, yet epoch 2 "
+              "read the training samples in exactly the order of epoch 1: the training loader "
+              "does not read through the sampler that was told the epoch, or that sampler "
+              "ignores it")
     elif train_calls and starts and train_calls[0][0] > starts[0]:
         v.add("set_epoch", False, what, "set_epoch() is called after the epoch's batches were drawn, "
               "so epoch 2 repeats the order of epoch 1: call it at the start of every epoch")
@@ -309,34 +319,53 @@ def split_at_destroy(run, rank):
 
 
 def check_save0(v, run, ranks, rules):
+    """Judged by what the file system saw (Run.writes: inotify on the out-dir), not by what the
+    kit says about itself: every complete write of a checkpoint and, for the kit's atomic write,
+    the pid of the writer, which the ranks' traces map to a rank. The trace only tells how often
+    each rank called save0."""
     what = "only rank 0 writes the checkpoints (save0)"
     names = rules.SAVED_FILES
     calls = {r: [f for k, f in run.traces[r] if k == "save0"] for r in range(ranks)}
     count = {r: {n: sum(1 for f in calls[r] if os.path.basename(f.split()[0]) == n) for n in names}
              for r in range(ranks)}
+    pid_rank = run.pids()
     problems, unsaved, missing = [], [], []
     for name in names:
         exists = os.path.isfile(os.path.join(run.out_dir, name))
         short = [r for r in range(1, ranks) if count[r][name] < count[0][name]]
+        writes = run.writes(name)
         if short:
             problems.append(f"only rank 0 called save0 for {name} (rank {short[0]} did not): save0 "
                             "ends with a barrier that every rank must reach, so inside "
                             "if (rank == 0) rank 0 waits for ranks that never come (a hang, or a "
                             "crash once they exit); call it on every rank, it writes on rank 0 only")
-        elif not any(count[r][name] for r in range(ranks)):
-            if exists:
+            continue
+        if not any(count[r][name] for r in range(ranks)):
+            if exists or writes:
                 unsaved.append(name)
             elif run.finished():
                 missing.append(name)
+            continue
+        others = sorted({pid_rank.get(pid, f"pid {pid}") for pid in writes if pid is not None}
+                        - {0}, key=str)
+        direct = sum(1 for pid in writes if pid is None)
+        by_rank0 = sum(1 for pid in writes if pid is not None and pid_rank.get(pid) == 0)
+        if others:
+            who = others[0] if isinstance(others[0], str) else f"rank {others[0]}"
+            problems.append(f"{who} wrote {name} too ({len(writes)} writes of it for "
+                            f"{count[0][name]} save0 call(s)): every rank but 0 must skip the "
+                            "write")
+        elif direct:
+            problems.append(f"{name} was also written directly, not through save0: with "
+                            "torch::save every rank writes the same file at once")
+        elif by_rank0 != count[0][name] and (run.finished() or by_rank0 > count[0][name]):
+            problems.append(f"rank 0 called save0 for {name} {count[0][name]} time(s), but the "
+                            f"file was written {by_rank0} time(s)")
     if unsaved:
         problems.append(f"{' and '.join(unsaved)} written without save0: with torch::save every "
                         f"one of the {ranks} ranks writes the same file at once")
     if missing:
         problems.append(f"{' and '.join(missing)} missing")
-    writers = sorted({r for r in range(1, ranks)
-                      for k, f in split_at_destroy(run, r)[0] if k == "save0" and f.endswith(" wrote")})
-    if writers:
-        problems.append(f"rank {writers[0]} wrote checkpoints too")
     v.add("save0", not problems, what, "; ".join(problems))
 
 

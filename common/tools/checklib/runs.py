@@ -1,6 +1,8 @@
 """Running a trainer for the check: one launch (alone, on the ranks of one node, or one rank per
 node), its exit code, per-rank logs and per-rank run traces (KIT_TRACE_DIR, common/kit/trace.h),
 and small readers of those traces."""
+import ctypes
+import ctypes.util
 import fcntl
 import json
 import os
@@ -8,6 +10,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
 
@@ -42,6 +45,8 @@ class Run:
                     "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
             env.pop(var, None)
         cmd = [binary] + (["--data-dir", data] if data else []) + ["--out-dir", out_dir] + flags
+        # The kernel, not the trainer, tells who wrote which file of the out-dir (check_save0).
+        watch = DirWatch(out_dir)
         if layout == "nodes":
             self.code, self.stdout, self.stderr = run_nodes(cmd, env, self.ranks, log_dir, self.dir)
         else:
@@ -58,8 +63,10 @@ class Run:
                     f.write(self.stdout + self.stderr)
                 for p in os.listdir(trace_dir):  # no launcher, no RANK: named after the pid
                     os.rename(os.path.join(trace_dir, p), os.path.join(trace_dir, "rank0.trace"))
+        files = watch.finish()
         with open(os.path.join(self.dir, "result.json"), "w") as f:
-            json.dump({"code": self.code, "stdout": self.stdout, "stderr": self.stderr}, f)
+            json.dump({"code": self.code, "stdout": self.stdout, "stderr": self.stderr,
+                       "files": files}, f)
         return self.load()
 
     def load(self):
@@ -67,6 +74,7 @@ class Run:
         with open(os.path.join(self.dir, "result.json")) as f:
             r = json.load(f)
         self.code, self.stdout, self.stderr = r["code"], r["stdout"], r["stderr"]
+        self.files = r.get("files", [])
         self.logs = {r: read(os.path.join(log_dir, f"rank{r}.log")) for r in range(self.ranks)}
         self.traces = {r: parse_trace(os.path.join(trace_dir, f"rank{r}.trace"))
                        for r in range(self.ranks)}
@@ -74,6 +82,26 @@ class Run:
 
     def events(self, rank, kind):
         return [fields for k, fields in self.traces[rank] if k == kind]
+
+    def pids(self):
+        """{pid: rank} of the processes that traced (each trace starts with "process pid=N")."""
+        out = {}
+        for r in range(self.ranks):
+            for fields in self.events(r, "process"):
+                if "pid" in kv(fields):
+                    out[int(kv(fields)["pid"])] = r
+        return out
+
+    def writes(self, name):
+        """Every complete write of the out-dir's file `name` the kernel saw, in order: the pid of
+        the writer when it wrote a temporary file <name>.tmp.<pid> and renamed it to `name` (the
+        kit's atomic write, kit/files.h), None when a process wrote `name` directly (see DirWatch:
+        direct writes at the same moment may show as one)."""
+        out = []
+        for event, file, pid in self.files:
+            if file == name:
+                out.append(pid if event == "renamed" else None)
+        return out
 
     def failure(self):
         """One line about a crash, or None."""
@@ -89,6 +117,64 @@ class Run:
 
     def finished(self):
         return self.code == 0
+
+
+class DirWatch:
+    """Watches one folder with inotify(7) while a run writes into it, and turns the kernel's
+    events into the complete writes of its files: ("written", name, None) when a process closed
+    `name` after writing it directly, ("renamed", name, pid) when <name>.tmp.<pid> was renamed
+    to `name`. The evidence does not depend on anything the program says about itself.
+
+    The kernel merges an event into the previous one when both are identical and still unread:
+    several processes writing `name` directly at once may show as one "written". A rename is
+    never merged (each temporary name and rename cookie is unique), so the kit's atomic writes
+    are counted exactly, and a direct write is seen at least once."""
+    IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO, IN_Q_OVERFLOW = 0x8, 0x40, 0x80, 0x4000
+    IN_NONBLOCK = os.O_NONBLOCK
+    HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then the name, NUL-padded to len
+
+    def __init__(self, directory):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self.fd = libc.inotify_init1(self.IN_NONBLOCK)
+        if self.fd < 0 or libc.inotify_add_watch(
+                self.fd, os.fsencode(directory),
+                self.IN_CLOSE_WRITE | self.IN_MOVED_FROM | self.IN_MOVED_TO) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify cannot watch {directory}")
+        self.raw = b""
+
+    def drain(self):
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self.raw += chunk
+
+    def finish(self):
+        self.drain()
+        os.close(self.fd)
+        events, at = [], 0
+        while at + self.HEADER.size <= len(self.raw):
+            _, mask, cookie, length = self.HEADER.unpack_from(self.raw, at)
+            at += self.HEADER.size
+            name = self.raw[at:at + length].rstrip(b"\0").decode(errors="replace")
+            at += length
+            if mask & self.IN_Q_OVERFLOW:
+                raise OSError("inotify: too many file events in the out-dir, some were lost")
+            events.append((mask, cookie, name))
+        moved_from = {cookie: name for mask, cookie, name in events if mask & self.IN_MOVED_FROM}
+        writes = []
+        for mask, cookie, name in events:
+            if mask & self.IN_CLOSE_WRITE and ".tmp." not in name:
+                writes.append(("written", name, None))
+            elif mask & self.IN_MOVED_TO:
+                source = moved_from.get(cookie, "")
+                tail = source[len(name):] if source.startswith(name + ".tmp.") else ""
+                pid = int(tail[5:]) if tail[5:].isdigit() else None
+                writes.append(("renamed", name, pid) if pid is not None else ("written", name, None))
+        return writes
 
 
 def run_nodes(cmd, env, ranks, log_dir, cwd):

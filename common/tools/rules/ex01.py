@@ -43,9 +43,10 @@ def prepare_data(check, directory):
 def judge(check):
     v, many, ranks = check.verdicts, check.many, check.ranks
     if judges.check_setup(v, many, check.nodes, check.source, ranks):
-        uses, sizes, _ = judges.check_samplers(v, many, ranks, check.reference)
+        uses, sizes, shuffles = judges.check_samplers(v, many, ranks, check.reference)
         judges.check_ddp(v, many, ranks)
-        judges.check_set_epoch(v, many, ranks, uses.get("train"), sizes.get("train"), check.rules)
+        judges.check_set_epoch(v, many, ranks, uses.get("train"), sizes.get("train"), check.rules,
+                               shuffles)
     else:
         for concept in ("sampler", "loader-train", "loader-valid", "loader-test", "ddp",
                         "set_epoch"):

@@ -21,7 +21,7 @@ MUTANTS = [
        "train_sampler(train_data, /*shuffle=*/true, args.seed + rank);")], []),
     ("train-no-shuffle", "run", "4", "the training sampler with shuffle=false",
      [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
-       "train_sampler(train_data, /*shuffle=*/false, args.seed);")], []),
+       "train_sampler(train_data, /*shuffle=*/false, args.seed);")], ["9"]),
     ("val-shuffles", "run", "4", "the validation sampler without shuffle=false (it shuffles "
      "by default)",
      [("val_sampler(val_data, /*shuffle=*/false);", "val_sampler(val_data);")], []),
@@ -31,7 +31,7 @@ MUTANTS = [
        "Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);")], ["9"]),
     ("train-loader-val-sampler", "run", "5", "the training loader gets val_sampler",
      [("Loader train_loader(train_data, args.batch_size, train_sampler);",
-       "Loader train_loader(train_data, args.batch_size, val_sampler);")], []),
+       "Loader train_loader(train_data, args.batch_size, val_sampler);")], ["9"]),
     ("val-loader-no-sampler", "run", "6", "the validation loader without its sampler",
      [("Loader val_loader(val_data, args.eval_batch_size, val_sampler);",
        "Loader val_loader(val_data, args.eval_batch_size);")], []),

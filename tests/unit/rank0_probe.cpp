@@ -1,0 +1,118 @@
+// rank0_probe — a tiny distributed program for tests/unit/rank0_test.cpp: it joins the job with
+// kit::setup() (the default group, as a trainer does) and exercises one rank-0 helper, printing
+// what it observed so that the test, a separate process, can judge it. Start it under ddprun:
+//
+//   ddprun --nproc-per-node 2 --tag-output -- rank0_probe save0 DIR/model.pt 1.5
+//   ddprun --nproc-per-node 3 --tag-output -- rank0_probe print0 4
+//   ddprun --nproc-per-node 3 --tag-output -- rank0_probe all_reduce
+//
+// Every rank first prints "rank R pid P" (to map the pid in a temporary file name to a rank).
+//
+//   save0 PATH SECONDS  Every rank builds the same module shape filled with rank + 1, so the
+//                       file's content says whose module it is. Rank 0 sleeps SECONDS before
+//                       calling save0, so the other ranks are in save0 long before rank 0
+//                       writes. Right after save0 returns, every rank loads PATH and prints
+//                       "rank R after save0: exists=0|1 loaded=V" (V: the value read back, or
+//                       "error" when the file is missing, incomplete or unreadable).
+//   print0 K            print0("print0 line i of K from rank R") K times on every rank, and one
+//                       plain printf "alive: rank R" per rank, which shows that the launcher
+//                       forwards every rank's output.
+//   all_reduce          kit::all_reduce of a closed-form tensor per rank (x_r below) with every
+//                       op, in float32 and float64; prints "all_reduce OP DTYPE rank R: a b c d".
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "kit/distributed.h"
+
+namespace {
+
+// Large enough (16 MiB) that writing it takes rank 0 a noticeable time after the others could
+// already be checking for the file.
+struct BlobImpl : torch::nn::Module {
+  torch::Tensor w;
+  BlobImpl() { w = register_parameter("w", torch::zeros({1024, 4096})); }
+};
+TORCH_MODULE(Blob);
+
+int save0(int rank, const std::string& path, double rank0_delay) {
+  Blob mine;
+  {
+    torch::NoGradGuard no_grad;
+    mine->w.fill_(static_cast<float>(rank + 1));
+  }
+  if (rank == 0) std::this_thread::sleep_for(std::chrono::duration<double>(rank0_delay));
+  kit::save0(mine, path);
+  // Right after save0 returned: the file must be there, complete and rank 0's.
+  bool exists = std::filesystem::exists(path);
+  std::string loaded = "error";
+  try {
+    Blob back;
+    torch::load(back, path);
+    float first = back->w[0][0].item<float>();
+    // A file that holds one value everywhere is one module's, not a mix of two writes.
+    loaded = torch::all(back->w == first).item<bool>() ? std::to_string(first) : "mixed";
+  } catch (const std::exception&) {
+  }
+  std::printf("rank %d after save0: exists=%d loaded=%s\n", rank, exists ? 1 : 0, loaded.c_str());
+  return 0;
+}
+
+int print0(int rank, int k) {
+  std::printf("alive: rank %d\n", rank);
+  std::fflush(stdout);
+  for (int i = 1; i <= k; ++i) kit::print0("print0 line %d of %d from rank %d\n", i, k, rank);
+  return 0;
+}
+
+// x_r = {r + 1, -(r + 1)^2, 10 if r == 1 else 0, 0.5 * r}: over n ranks
+//   SUM = {n(n+1)/2, -n(n+1)(2n+1)/6, 10, n(n-1)/4}, AVG = SUM / n,
+//   MAX = {n, -1, 10, (n-1)/2},  MIN = {1, -n^2, 0, 0}.
+int all_reduce(int rank) {
+  const std::pair<const char*, kit::ReduceOp> ops[] = {{"SUM", kit::ReduceOp::SUM},
+                                                       {"AVG", kit::ReduceOp::AVG},
+                                                       {"MAX", kit::ReduceOp::MAX},
+                                                       {"MIN", kit::ReduceOp::MIN}};
+  const std::pair<const char*, torch::Dtype> types[] = {{"float32", torch::kFloat32},
+                                                        {"float64", torch::kFloat64}};
+  const double r = rank;
+  for (auto [type_name, type] : types)
+    for (auto [op_name, op] : ops) {
+      torch::Tensor x = torch::tensor({r + 1, -(r + 1) * (r + 1), rank == 1 ? 10.0 : 0.0, 0.5 * r},
+                                      torch::dtype(type));
+      kit::all_reduce(x, op);
+      x = x.to(torch::kFloat64);
+      std::printf("all_reduce %s %s rank %d: %.17g %.17g %.17g %.17g\n", op_name, type_name, rank,
+                  x[0].item<double>(), x[1].item<double>(), x[2].item<double>(),
+                  x[3].item<double>());
+    }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: rank0_probe save0 PATH SECONDS | print0 K | all_reduce\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  auto setup = kit::setup();
+  std::printf("rank %d pid %d\n", setup.rank, static_cast<int>(getpid()));
+  std::fflush(stdout);
+  int rc = 2;
+  if (cmd == "save0" && argc == 4) rc = save0(setup.rank, argv[2], std::atof(argv[3]));
+  else if (cmd == "print0" && argc == 3) rc = print0(setup.rank, std::atoi(argv[2]));
+  else if (cmd == "all_reduce" && argc == 2) rc = all_reduce(setup.rank);
+  else std::fprintf(stderr, "rank0_probe: bad arguments for '%s'\n", cmd.c_str());
+  std::fflush(stdout);
+  kit::destroy_process_group();
+  return rc;
+}
