@@ -38,6 +38,7 @@
 #include "kit/ddp.h"
 #include "kit/process_group.h"
 #include "kit/transformer_lm.h"
+#include "tiny_lm.h"  // kit_test::tiny_lm (tests/support)
 #include "kit/wikitext.h"
 
 namespace {
@@ -59,17 +60,7 @@ std::string cannot_run(int n) {
   return g_backend == "nccl" ? kit::ProcessGroup::nccl_unavailable(n) : std::string();
 }
 
-kit::TransformerLMOptions small_lm() {
-  kit::TransformerLMOptions o;
-  o.vocab_size = kVocab;
-  o.d_model = 16;
-  o.heads = 2;
-  o.layers = 1;
-  o.feedforward = 32;
-  o.dropout = 0.0;  // no randomness in forward: ranks and the reference must compute the same
-  o.max_len = kSeqLen;
-  return o;
-}
+kit::TransformerLMOptions small_lm() { return kit_test::tiny_lm(kVocab, kSeqLen); }
 
 // kSteps global batches of random tokens: exactly one epoch.
 const kit::LanguageModelDataset& dataset() {

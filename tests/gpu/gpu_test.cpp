@@ -32,6 +32,7 @@
 #include "kit/ddp.h"
 #include "kit/process_group.h"
 #include "kit/transformer_lm.h"
+#include "tiny_lm.h"  // kit_test::tiny_lm (tests/support)
 
 namespace fs = std::filesystem;
 
@@ -218,17 +219,7 @@ TEST(NcclCollectives, ReduceScatterGivesEachRankItsChunkSummed) {
 
 constexpr int64_t kVocab = 64, kSeqLen = 8, kPerRank = 4, kSteps = 5;
 
-kit::TransformerLMOptions small_lm() {
-  kit::TransformerLMOptions o;
-  o.vocab_size = kVocab;
-  o.d_model = 16;
-  o.heads = 2;
-  o.layers = 1;
-  o.feedforward = 32;
-  o.dropout = 0.0;  // no randomness in forward: ranks and reference must compute the same
-  o.max_len = kSeqLen;
-  return o;
-}
+kit::TransformerLMOptions small_lm() { return kit_test::tiny_lm(kVocab, kSeqLen); }
 
 // Step k's global batch: n * kPerRank sequences of random tokens; rank r trains on rows
 // [r * kPerRank, (r + 1) * kPerRank). The same for every n, drawn on the CPU.
