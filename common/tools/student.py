@@ -16,7 +16,7 @@ How many TODOs are done:
 
 usage: student.py list
        student.py hint EX TODO
-       student.py diff EX [K]
+       student.py diff EX [K | --solution]
        student.py stage EX K
        student.py reset EX
        student.py restore EX [N]
@@ -190,6 +190,12 @@ def cmd_diff(ex, k=None):
     i = info(ex)
     rows = todos(ex)
     final = last_stage(ex)
+    # --solution: the last stage, every TODO done; the same code as the solution's files (bar
+    # the job script's header and binary name), so that a student who has passed everything can
+    # compare their way of writing it with the course's.
+    solution = k == "--solution"
+    if solution:
+        k = str(final)
     fixed = stage_number(ex, k) if k is not None else None
     renders = {}
     for f in i["files"]:
@@ -199,6 +205,8 @@ def cmd_diff(ex, k=None):
             nxt = next((l for l in labels if l not in done), None)
             stage = int(nxt.split("-")[-1]) if nxt else final
             why = f"next: TODO {nxt}, {how}" if nxt else f"every TODO done, {how}"
+        elif solution:
+            stage, why = fixed, "the solution: every TODO done"
         else:
             stage, why = fixed, "as asked"
         if stage not in renders:
