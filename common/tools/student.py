@@ -8,8 +8,9 @@ overwrite a file, the student's version of every file of the exercise is saved t
 .kit/backups/<name>/<N>/ (contents and file modes; nothing is ever deleted there).
 
 How many TODOs are done:
-  * by behaviour, when `./kit check` has judged this very content of the file (it records its
-    verdicts with the file's SHA-256 in .kit/check/<name>.json);
+  * by behaviour, when `./kit check` (the trainer) or `./kit check --job` (the job script) has
+    judged this very content of the file (both record their verdicts with the file's SHA-256
+    in .kit/check/<name>.json, the job script's under "job");
   * otherwise estimated from the source: a TODO counts as done when its solution's code lines
     are in the file, or when its `TODO n:` comment is gone and the lines it replaces are gone
     too (students often leave the comments, so the comments alone would under-count).
@@ -151,10 +152,17 @@ def progress(ex, rows, f):
     if lang == "cpp" and rec.get("sha256") == sha256(data) and data is not None:
         done = [l for l in labels if l in rec.get("passed", [])]
         return done, labels, f"by behaviour: your last ./kit check of this file ({rec.get('time')})"
+    job = rec.get("job") or {}
+    if lang == "bash" and job.get("sha256") == sha256(data) and data is not None:
+        done = [l for l in labels if l in job.get("passed", [])]
+        return done, labels, (f"by behaviour: your last ./kit check {ex[:2]} --job of this file "
+                              f"({job.get('time')})")
     done = [l for l in labels if done_in_source(text, rows, l, lang)]
     how = "estimated from the source"
     if lang == "cpp":
         how += f"; ./kit check {ex[:2]} judges by behaviour"
+    elif lang == "bash":
+        how += f"; ./kit check {ex[:2]} --job judges by behaviour"
     return done, labels, how
 
 

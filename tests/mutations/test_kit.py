@@ -223,6 +223,25 @@ def test_list_methods(repo):
     rc, out, _ = repo.kit("list")
     expect(f"{CPP}: 8 of 13 TODOs done" in out and "estimated from the source" in out,
            "an edit after the check falls back to the source estimate")
+    # After `kit check --job`: the job script's verdicts, kept next to the trainer's. Stage 8's
+    # job script is the shipped one; the recorded verdicts (15 and 17 passed) differ from the
+    # source estimate (0 of 4), so the line shows which one kit list used.
+    from checklib import job as jobcheck
+    jv = check.Verdicts()
+    for label in ("14", "15", "16", "17", "all"):
+        jv.add(label, label in ("15", "17", "all"), "")
+    jobcheck.record_job(repo.path(f".kit/check/{EX}.json"), EX, repo.path(SBATCH), jv)
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 2 of 4 TODOs done, next: TODO 14" in out and "--job of this file" in out,
+           "kit list counts the job script's TODOs by behaviour after check --job")
+    check.record(repo.path(f".kit/check/{EX}.json"), EX, repo.path(CPP), v)
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 2 of 4 TODOs done" in out,
+           "a later check of the trainer keeps the job script's verdicts")
+    repo.write(SBATCH, repo.snapshot()[SBATCH][0] + b"# edited after the check\n")
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 0 of 4 TODOs done" in out and "--job judges by behaviour" in out,
+           "an edit of the job script after check --job falls back to the source estimate")
 
 
 def test_check_does_not_compile(repo, work):
@@ -344,6 +363,25 @@ def test_diff_solution(repo):
            "kit diff 01 --solution after stage 17: identical")
 
 
+def test_job_refusals(repo, work):
+    """./kit check 01 --job without Slurm, or without root: one line, exit 2, before any build
+    (the stand-in cmake would fail a build loudly)."""
+    fake, log = stand_in_cmake(work, "a build was started\n")
+    no_sbin = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if "sbin" not in d)
+    env = dict(repo.env, PATH=fake + os.pathsep + no_sbin, FAKE_LOG=log)
+    rc, out, err = repo.kit("check", "01", "--job", env=env)
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "Slurm" in err and not out.strip(),
+           f"check --job without slurmctld/slurmd: one line, exit 2 ({rc}: {err.strip()})")
+    with open(os.path.join(fake, "id"), "w") as f:
+        f.write('#!/bin/sh\n# A stand-in for id: an ordinary user.\n'
+                '[ "$1" = -u ] && echo 1000 || exec /usr/bin/id "$@"\n')
+    os.chmod(os.path.join(fake, "id"), 0o755)
+    env = dict(env, PATH=fake + os.pathsep + os.environ["PATH"])
+    rc, out, err = repo.kit("check", "01", "--job", env=env)
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "root" in err and not out.strip(),
+           f"check --job as an ordinary user: one line, exit 2 ({rc}: {err.strip()})")
+
+
 def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
@@ -355,6 +393,7 @@ def main(argv):
     test_check_does_not_compile(repo, os.path.abspath(a.work))
     test_diff_solution(repo)
     test_watch(repo, os.path.abspath(a.work))
+    test_job_refusals(repo, os.path.abspath(a.work))
     print(f"{len(failures)} failure(s)" if failures else "all ok")
     return 1 if failures else 0
 
