@@ -2,6 +2,7 @@
 //
 //   kit::Metrics metrics(args.out_dir, args.batch_size, device);   // once, on every rank
 //   metrics.step(epoch, loss);     // after every optimizer step
+//   metrics.step(epoch, loss, step_in_epoch, steps_per_epoch);   // the same, with an ETA
 //   metrics.end_epoch(epoch);      // after an epoch's last training step (every rank: it gathers)
 //
 // metrics.csv (written by rank 0) has two kinds of rows, told apart by the `rank` column:
@@ -29,11 +30,16 @@ namespace kit {
 class Metrics {
  public:
   // device: the one this rank trains on (setup()'s). first_step > 0: a resumed run; rows are
-  // appended after the ones already in the file.
+  // appended after the ones already in the file. progress_every_s: the seconds between two
+  // progress lines; KIT_PROGRESS_S in the environment overrides it (0: a line after every step).
   Metrics(const std::string& out_dir, int64_t batch_size, torch::Device device,
           int64_t first_step = 0, double progress_every_s = 10.0);
   ~Metrics();
-  void step(int64_t epoch, const torch::Tensor& loss);
+  // step_in_epoch (1-based, counting the steps of this epoch done so far, also before a resume)
+  // and steps_per_epoch: when both are given, the progress line says how far into the epoch the
+  // run is and when the epoch will end ("step 40/250 of the epoch, ETA 1 min 23 s").
+  void step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epoch = 0,
+            int64_t steps_per_epoch = 0);
   // Collective when the process group is up: every rank must call it, at the same point.
   void end_epoch(int64_t epoch);
 

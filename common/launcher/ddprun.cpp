@@ -67,7 +67,9 @@ const char* const kUsage =
     "  --master-port P      rendezvous port (default 0: pick a free one). A port given\n"
     "                       explicitly is checked and refused if it is already in use\n"
     "  --log-dir DIR        also write each rank's stdout+stderr to DIR/rank<N>.log\n"
-    "  --tag-output         prefix every forwarded line with \"[rank N] \"\n"
+    "  --prefix-ranks       prefix every forwarded line with \"[rank N] \", so that the\n"
+    "                       interleaved output of N ranks says who wrote what\n"
+    "                       (--tag-output is the same option, torchrun's older name)\n"
     "  --grace S            seconds between SIGTERM and SIGKILL when stopping ranks\n"
     "                       (default 5, may be fractional)\n"
     "  --help, --version\n"
@@ -275,7 +277,7 @@ Options parse_command_line(int argc, char** argv) {
     } else if (name == "--log-dir") {
       opt.log_dir = take_value();
       if (opt.log_dir.empty()) fail_usage("--log-dir needs a directory name");
-    } else if (name == "--tag-output") {
+    } else if (name == "--prefix-ranks" || name == "--tag-output") {
       no_value();
       opt.tag_output = true;
     } else if (name == "--grace") {

@@ -8,15 +8,16 @@ overwrite a file, the student's version of every file of the exercise is saved t
 .kit/backups/<name>/<N>/ (contents and file modes; nothing is ever deleted there).
 
 How many TODOs are done:
-  * by behaviour, when `./kit check` has judged this very content of the file (it records its
-    verdicts with the file's SHA-256 in .kit/check/<name>.json);
+  * by behaviour, when `./kit check` (the trainer) or `./kit check --job` (the job script) has
+    judged this very content of the file (both record their verdicts with the file's SHA-256
+    in .kit/check/<name>.json, the job script's under "job");
   * otherwise estimated from the source: a TODO counts as done when its solution's code lines
     are in the file, or when its `TODO n:` comment is gone and the lines it replaces are gone
     too (students often leave the comments, so the comments alone would under-count).
 
 usage: student.py list
        student.py hint EX TODO
-       student.py diff EX [K]
+       student.py diff EX [K | --solution]
        student.py stage EX K
        student.py reset EX
        student.py restore EX [N]
@@ -151,10 +152,17 @@ def progress(ex, rows, f):
     if lang == "cpp" and rec.get("sha256") == sha256(data) and data is not None:
         done = [l for l in labels if l in rec.get("passed", [])]
         return done, labels, f"by behaviour: your last ./kit check of this file ({rec.get('time')})"
+    job = rec.get("job") or {}
+    if lang == "bash" and job.get("sha256") == sha256(data) and data is not None:
+        done = [l for l in labels if l in job.get("passed", [])]
+        return done, labels, (f"by behaviour: your last ./kit check {ex[:2]} --job of this file "
+                              f"({job.get('time')})")
     done = [l for l in labels if done_in_source(text, rows, l, lang)]
     how = "estimated from the source"
     if lang == "cpp":
         how += f"; ./kit check {ex[:2]} judges by behaviour"
+    elif lang == "bash":
+        how += f"; ./kit check {ex[:2]} --job judges by behaviour"
     return done, labels, how
 
 
@@ -190,6 +198,12 @@ def cmd_diff(ex, k=None):
     i = info(ex)
     rows = todos(ex)
     final = last_stage(ex)
+    # --solution: the last stage, every TODO done; the same code as the solution's files (bar
+    # the job script's header and binary name), so that a student who has passed everything can
+    # compare their way of writing it with the course's.
+    solution = k == "--solution"
+    if solution:
+        k = str(final)
     fixed = stage_number(ex, k) if k is not None else None
     renders = {}
     for f in i["files"]:
@@ -199,6 +213,8 @@ def cmd_diff(ex, k=None):
             nxt = next((l for l in labels if l not in done), None)
             stage = int(nxt.split("-")[-1]) if nxt else final
             why = f"next: TODO {nxt}, {how}" if nxt else f"every TODO done, {how}"
+        elif solution:
+            stage, why = fixed, "the solution: every TODO done"
         else:
             stage, why = fixed, "as asked"
         if stage not in renders:

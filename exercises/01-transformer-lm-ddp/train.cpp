@@ -38,6 +38,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   const size_t first = max_steps > 0 && state.step_in_epoch >= max_steps
                            ? loader.size()
                            : static_cast<size_t>(state.step_in_epoch);
+  // The steps of this epoch on this rank, for the progress line's ETA.
+  const auto steps_per_epoch = static_cast<int64_t>(
+      max_steps > 0 ? std::min<size_t>(loader.size(), max_steps) : loader.size());
   for (kit::Batch batch : loader.from(first)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
@@ -48,7 +51,7 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
     state.epoch_loss_sum = total;
     ++state.step_in_epoch;
     ++state.global_step;
-    metrics.step(state.epoch, loss);
+    metrics.step(state.epoch, loss, state.step_in_epoch, steps_per_epoch);
     if (checkpoints.stop_requested(state)) return {};  // time is up: main() saves and leaves
     if (state.step_in_epoch == max_steps) break;
   }

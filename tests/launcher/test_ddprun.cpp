@@ -408,6 +408,26 @@ TEST_F(Ddprun, LinesOfDifferentRanksNeverInterleave) {
   }
 }
 
+// --prefix-ranks is torchrun's --tee/--role-style prefix under the kit's own name: every line,
+// stdout and stderr alike, starts with the rank that wrote it, and nothing else changes.
+TEST_F(Ddprun, PrefixRanksStartsEveryLineWithItsRank) {
+  Result plain = run({"--nproc-per-node", "2", kProbe, "spam", "3"});
+  Result tagged = run({"--nproc-per-node", "2", "--prefix-ranks", kProbe, "spam", "3"});
+  ASSERT_FALSE(plain.timed_out || tagged.timed_out);
+  EXPECT_EQ(tagged.exit_code, 0) << tagged.err;
+  auto before = lines_of(plain.out), after = lines_of(tagged.out);
+  ASSERT_EQ(after.size(), 6u) << tagged.out;
+  ASSERT_EQ(before.size(), after.size());
+  std::multiset<std::string> expected, got;
+  for (auto& line : before) {
+    // The probe's "spam" lines start with the writer's rank: "R:N:xxx".
+    expected.insert("[rank " + line.substr(0, line.find(':')) + "] " + line);
+    EXPECT_EQ(line.rfind("[rank ", 0), std::string::npos) << "no prefix unless asked: " << line;
+  }
+  for (auto& line : after) got.insert(line);
+  EXPECT_EQ(got, expected);
+}
+
 TEST_F(Ddprun, UnterminatedLastLineIsFlushedOnItsOwnLine) {
   Result r = run({"--nproc-per-node", "2", "--tag-output", kProbe, "partial", "no-newline"});
   ASSERT_FALSE(r.timed_out);

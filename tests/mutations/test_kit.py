@@ -17,9 +17,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EX = "01-transformer-lm-ddp"
@@ -109,7 +111,8 @@ def test_refusals(repo):
              ("stage", "99", "3"), ("stage", "01", "18"), ("stage", "01", "-1"),
              ("stage", "01", "x"), ("stage", "01", "2-3"), ("stage", "01"), ("stage",),
              ("reset", "99"), ("reset",), ("restore", "99"), ("restore", "01"),
-             ("backups", "99"), ("check", "99"), ("check",), ("frobnicate",), ()]
+             ("backups", "99"), ("check", "99"), ("check",), ("frobnicate",), (),
+             ("watch",), ("watch", "99"), ("watch", "01", "extra"), ("diff", "01", "--bogus")]
     for args in cases:
         rc, out, err = repo.kit(*args)
         line = err.strip().splitlines()[-1] if err.strip() else ""
@@ -220,6 +223,25 @@ def test_list_methods(repo):
     rc, out, _ = repo.kit("list")
     expect(f"{CPP}: 8 of 13 TODOs done" in out and "estimated from the source" in out,
            "an edit after the check falls back to the source estimate")
+    # After `kit check --job`: the job script's verdicts, kept next to the trainer's. Stage 8's
+    # job script is the shipped one; the recorded verdicts (15 and 17 passed) differ from the
+    # source estimate (0 of 4), so the line shows which one kit list used.
+    from checklib import job as jobcheck
+    jv = check.Verdicts()
+    for label in ("14", "15", "16", "17", "all"):
+        jv.add(label, label in ("15", "17", "all"), "")
+    jobcheck.record_job(repo.path(f".kit/check/{EX}.json"), EX, repo.path(SBATCH), jv)
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 2 of 4 TODOs done, next: TODO 14" in out and "--job of this file" in out,
+           "kit list counts the job script's TODOs by behaviour after check --job")
+    check.record(repo.path(f".kit/check/{EX}.json"), EX, repo.path(CPP), v)
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 2 of 4 TODOs done" in out,
+           "a later check of the trainer keeps the job script's verdicts")
+    repo.write(SBATCH, repo.snapshot()[SBATCH][0] + b"# edited after the check\n")
+    rc, out, _ = repo.kit("list")
+    expect(f"{SBATCH}: 0 of 4 TODOs done" in out and "--job judges by behaviour" in out,
+           "an edit of the job script after check --job falls back to the source estimate")
 
 
 def test_check_does_not_compile(repo, work):
@@ -266,6 +288,100 @@ def test_check_does_not_compile(repo, work):
     expect(repo.digest() == before, "and changes no file either")
 
 
+def stand_in_cmake(work, log_text):
+    """A PATH folder whose `cmake` configures fine and fails every build with log_text."""
+    log = os.path.join(work, "fake-build.log")
+    with open(log, "w") as f:
+        f.write(log_text)
+    fake = os.path.join(work, "fakebin")
+    os.makedirs(fake, exist_ok=True)
+    with open(os.path.join(fake, "cmake"), "w") as f:
+        f.write('#!/bin/sh\n# A stand-in for cmake: configuring works, building fails.\n'
+                'case " $* " in *" --build "*) cat "$FAKE_LOG"; exit 2 ;; esac\nexit 0\n')
+    os.chmod(os.path.join(fake, "cmake"), 0o755)
+    return fake, log
+
+
+def wait_for(path, text, count, seconds):
+    """Waits until `text` occurs `count` times in the file at path; returns its content."""
+    deadline = time.monotonic() + seconds
+    while True:
+        out = open(path, encoding="utf-8", errors="replace").read()
+        if out.count(text) >= count or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
+
+
+def test_watch(repo, work):
+    """./kit watch 01 runs the real ./kit check at start and after each save, and not otherwise;
+    SIGINT ends it with exit 0 and no traceback. The stand-in cmake makes every check a quick
+    "does not compile", so no build is needed."""
+    repo.kit("reset", "01")
+    fake, log = stand_in_cmake(work, f"{repo.path(CPP)}:3:1: error: expected ';' after top level "
+                                     "declarator\n")
+    env = dict(repo.env, PATH=fake + os.pathsep + os.environ["PATH"], FAKE_LOG=log)
+    out_path = os.path.join(work, "watch.out")
+    waiting = "waiting for you to save"
+    with open(out_path, "w") as out:
+        p = subprocess.Popen([repo.path("kit"), "watch", "01"], cwd=repo.dir, env=env,
+                             stdout=out, stderr=subprocess.STDOUT)
+    try:
+        text = wait_for(out_path, waiting, 1, 60)
+        expect(text.count("kit watch: check #") == 1 and "does not compile" in text,
+               "kit watch 01: runs the check once at start (the real ./kit check)")
+        time.sleep(2.5)  # more than two polls, no save: no new check
+        text = open(out_path, encoding="utf-8").read()
+        expect(text.count("kit watch: check #") == 1, "no save, no new check")
+        with open(repo.path(CPP), "ab") as f:
+            f.write(b"// saved by the student\n")
+        text = wait_for(out_path, waiting, 2, 60)
+        expect(text.count("kit watch: check #") == 2 and "changed" in text and
+               text.count("kit watch: exit 1;") == 2,
+               "a save runs the check again, once")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = open(out_path, encoding="utf-8").read()
+    expect(rc == 0 and "kit watch: stopped" in text and "Traceback" not in text,
+           f"SIGINT ends kit watch cleanly, exit 0 ({rc})")
+    if failures:
+        print(text)
+
+
+def test_diff_solution(repo):
+    repo.kit("stage", "01", "5")
+    rc, out, _ = repo.kit("diff", "01", "--solution")
+    expect(rc == 0 and "against stage 17 (the solution" in out and
+           "+  kit::DistributedDataParallel ddp(model);" in out,
+           "kit diff 01 --solution: what the solution has that stage 5 lacks")
+    repo.kit("stage", "01", "17")
+    rc, out, _ = repo.kit("diff", "01", "--solution")
+    expect(rc == 0 and out.count("identical: this file is stage 17") == 2,
+           "kit diff 01 --solution after stage 17: identical")
+
+
+def test_job_refusals(repo, work):
+    """./kit check 01 --job without Slurm, or without root: one line, exit 2, before any build
+    (the stand-in cmake would fail a build loudly)."""
+    fake, log = stand_in_cmake(work, "a build was started\n")
+    no_sbin = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if "sbin" not in d)
+    env = dict(repo.env, PATH=fake + os.pathsep + no_sbin, FAKE_LOG=log)
+    rc, out, err = repo.kit("check", "01", "--job", env=env)
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "Slurm" in err and not out.strip(),
+           f"check --job without slurmctld/slurmd: one line, exit 2 ({rc}: {err.strip()})")
+    with open(os.path.join(fake, "id"), "w") as f:
+        f.write('#!/bin/sh\n# A stand-in for id: an ordinary user.\n'
+                '[ "$1" = -u ] && echo 1000 || exec /usr/bin/id "$@"\n')
+    os.chmod(os.path.join(fake, "id"), 0o755)
+    env = dict(env, PATH=fake + os.pathsep + os.environ["PATH"])
+    rc, out, err = repo.kit("check", "01", "--job", env=env)
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "root" in err and not out.strip(),
+           f"check --job as an ordinary user: one line, exit 2 ({rc}: {err.strip()})")
+
+
 def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
@@ -275,6 +391,9 @@ def main(argv):
     test_round_trip(repo)
     test_list_methods(repo)
     test_check_does_not_compile(repo, os.path.abspath(a.work))
+    test_diff_solution(repo)
+    test_watch(repo, os.path.abspath(a.work))
+    test_job_refusals(repo, os.path.abspath(a.work))
     print(f"{len(failures)} failure(s)" if failures else "all ok")
     return 1 if failures else 0
 

@@ -67,6 +67,12 @@ def reference_run(check, directory, data):
     return run
 
 
+def solution_note(exercise):
+    """After a full pass: the solution is no longer a spoiler, and comparing styles teaches."""
+    return (f"every TODO passes: compare your code with the solution's: "
+            f"./kit diff {exercise[:2]} --solution")
+
+
 def parse_args(argv, doc):
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--exercise", required=True)
@@ -144,6 +150,8 @@ def main(argv, doc):
         print(note)
     print(f"passed: {','.join(v.passed()) or '-'}")
     print(f"failed: {','.join(v.failed()) or '-'}")
+    if not v.failed():
+        print(solution_note(a.exercise))
     if a.record:
         record(a.record, a.exercise, a.source, v)
     if not a.keep and not a.workdir:

@@ -41,10 +41,20 @@ def record(path, exercise, source, verdicts):
     """What `kit list` reads: the result of this check, for this exact content of the source."""
     digest = hashlib.sha256(open(source, "rb").read()).hexdigest() if source else ""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    rec = {"exercise": exercise, "source": os.path.abspath(source) if source else "",
+           "sha256": digest, "time": time.strftime("%Y-%m-%d %H:%M"),
+           "passed": [t for t, ok, _, _ in verdicts.rows if ok],
+           "failed": [t for t, ok, _, _ in verdicts.rows if not ok]}
+    # `kit check --job` keeps the job script's verdicts in the same file (common/tools/checklib/
+    # job.py): a new check of the trainer must not forget them.
+    try:
+        with open(path) as f:
+            job = json.load(f).get("job")
+        if job:
+            rec["job"] = job
+    except (OSError, ValueError, AttributeError):
+        pass
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"exercise": exercise, "source": os.path.abspath(source) if source else "",
-                   "sha256": digest, "time": time.strftime("%Y-%m-%d %H:%M"),
-                   "passed": [t for t, ok, _, _ in verdicts.rows if ok],
-                   "failed": [t for t, ok, _, _ in verdicts.rows if not ok]}, f)
+        json.dump(rec, f)
     os.replace(tmp, path)

@@ -1,0 +1,389 @@
+"""`kit check EXERCISE --job`: the exercise's job script on the throw-away two-node Slurm of
+tests/slurm/cluster.sh, judged by what the jobs did, never by the script's text.
+
+Two jobs run, one after the other, each with the solution's trainer (so only the job script is
+judged) behind a small wrapper:
+
+  * "as written": sbatch SCRIPT, with the script's own #SBATCH lines;
+  * "reshaped":   sbatch --nodes=2 --gres=gpu:2 SCRIPT. A job script must follow its allocation
+                  (the README: only --nodes and --gres change), and on the real shape alone a
+                  script with one GPU and one task could not be told from a right one.
+
+Two probes record what happened, in files of the check's work folder:
+  * a stand-in `srun`, first in the job's PATH, notes the environment the job script hands to
+    its step (CUDA_VISIBLE_DEVICES as the script set it: Slurm replaces it inside the tasks),
+    then runs the real srun with the same arguments;
+  * the trainer's wrapper (KIT_PROGRAM) notes what each task got from Slurm and the script
+    (SLURM_PROCID/LOCALID/NTASKS, its node, MASTER_ADDR/MASTER_PORT), then runs the trainer.
+
+The TODOs (which is which: info.toml's [check.job]):
+  gpus        the job asks for every GPU of a node, and the script shows the trainer exactly
+              the job's GPUs (in both jobs: a fixed list fails the reshaped one);
+  rendezvous  every task sees MASTER_ADDR = the job's first node and MASTER_PORT = the job's
+              port (20000 + job id % 10000, as kit_job_port);
+  tasks       in both jobs, on every node of the job, one task per allocated GPU, local ranks
+              0..G-1, and SLURM_NTASKS = GPUs x nodes;
+  nodes       the job as written spans both nodes of the cluster.
+  all         (not a TODO) both jobs complete, and each prints one final test loss.
+
+The cluster is started before the first job and stopped after the last, whatever happens
+(exceptions, Ctrl-C, SIGTERM).
+"""
+import glob
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+from .verdicts import Verdicts
+
+TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(TOOLS))
+RESHAPE = ["--nodes=2", "--gres=gpu:2"]
+JOB_TIMEOUT = int(os.environ.get("KIT_SLURM_JOB_TIMEOUT", "240"))
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+# What the tasks and the stand-in srun record: nothing else of the environment matters here.
+TASK_VARS = ["SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURMD_NODENAME",
+             "MASTER_ADDR", "MASTER_PORT"]
+SRUN_VARS = ["SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"]
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: stop the cluster and leave."""
+
+
+def job_labels(exercise):
+    with open(os.path.join(ROOT, "exercises", exercise, "info.toml"), "rb") as f:
+        info = tomllib.load(f)
+    job = info.get("check", {}).get("job")
+    if not job:
+        raise SystemExit(f"check: exercise {exercise} has no job script to check "
+                         "(no [check.job] in its info.toml)")
+    return job
+
+
+def recorder(path, names):
+    """A shell snippet that writes NAME=value lines ("(unset)" when unset) to path."""
+    lines = " ".join(f'"{n}=${{{n}-(unset)}}"' for n in names)
+    return f"printf '%s\\n' {lines} > \"{path}\""
+
+
+class Probes:
+    def __init__(self, work, program):
+        self.dir = os.path.join(work, "probes")
+        self.bin = os.path.join(work, "probe-bin")
+        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.bin, exist_ok=True)
+        real_srun = shutil.which("srun")
+        if real_srun is None:
+            raise SystemExit("check: srun is not installed (Debian's slurm-client)")
+        self.wrapper = os.path.join(work, "trainer")
+        self._write(os.path.join(self.bin, "srun"), [
+            "# kit check --job: notes what the job script hands to its step, then the real srun.",
+            recorder(f"{self.dir}/srun-$SLURM_JOB_ID-$$.env", SRUN_VARS),
+            f'exec {shlex.quote(real_srun)} "$@"'])
+        self._write(self.wrapper, [
+            "# kit check --job: notes what this task was given, then runs the trainer.",
+            recorder(f"{self.dir}/task-$SLURM_JOB_ID-${{SLURM_STEP_ID:-x}}-$SLURM_PROCID.env",
+                     TASK_VARS),
+            f'exec {shlex.quote(program)} "$@"'])
+
+    @staticmethod
+    def _write(path, lines):
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + "\n".join(lines) + "\n")
+        os.chmod(path, 0o755)
+
+    def read(self, kind, job):
+        out = []
+        for p in sorted(glob.glob(os.path.join(self.dir, f"{kind}-{job}-*.env"))):
+            with open(p) as f:
+                out.append(dict(l.rstrip("\n").split("=", 1) for l in f if "=" in l))
+        return out
+
+
+class Cluster:
+    """tests/slurm/cluster.sh start/stop as a context manager."""
+
+    def __init__(self, script, work):
+        self.script, self.dir = script, os.path.join(work, "cluster")
+        self.conf = None
+
+    def __enter__(self):
+        os.makedirs(self.dir, exist_ok=True)
+        p = subprocess.run([self.script, "start", self.dir], capture_output=True, text=True)
+        if p.returncode != 0:
+            self.__exit__(None, None, None)
+            why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            raise SystemExit(f"check: the test cluster did not start: {why}")
+        self.conf = os.path.join(self.dir, "slurm.conf")
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run([self.script, "stop", self.dir], capture_output=True)
+        return False
+
+    def env(self):
+        return dict(os.environ, SLURM_CONF=self.conf)
+
+    def scontrol(self, *args):
+        p = subprocess.run(["scontrol", "-o", *args], capture_output=True, text=True, env=self.env())
+        return p.stdout if p.returncode == 0 else ""
+
+    def fields(self, *args):
+        """The key=value pairs of `scontrol -o show ...` (first record)."""
+        line = self.scontrol("show", *args).splitlines()
+        out = {}
+        for word in (line[0].split() if line else []):
+            k, _, v = word.partition("=")
+            out.setdefault(k, v)
+        return out
+
+    def hostnames(self, nodelist):
+        return [h for h in self.scontrol("show", "hostnames", nodelist).split() if h] \
+            if nodelist else []
+
+
+def clean_env(base):
+    """The caller's environment without anything of a Slurm job or a launcher: those would leak
+    into the jobs (sbatch forwards the environment) and hide the script's own settings."""
+    drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "CUDA_VISIBLE_DEVICES", "KIT_MASTER_PORT", "KIT_PROGRAM", "KIT_OUT_DIR",
+            "KIT_BUILD", "KIT_SITE"}
+    return {k: v for k, v in base.items()
+            if k not in drop and not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+
+
+class Job:
+    def __init__(self, name, opts):
+        self.name, self.opts = name, opts
+        self.id = None
+        self.state = "NOT_SUBMITTED"
+        self.info = {}
+        self.nodes = []
+        self.gpus = 0
+        self.out = self.err = ""
+        self.tasks, self.sruns = [], []
+        self.submit_error = ""
+
+    def label(self):
+        return "as written" if not self.opts else "with sbatch " + " ".join(self.opts)
+
+    def why_failed(self):
+        if self.submit_error:
+            return f"sbatch refused the script: {self.submit_error}"
+        last = [l for l in self.err.splitlines() if l.strip()]
+        return f"ended {self.state}" + (f": {last[-1]}" if last else "")
+
+
+def gpus_of(tres):
+    """4 from "gres:gpu:4" (a job's TresPerNode) or "gpu:4" (a node's Gres); 0 when none."""
+    for part in tres.split(","):
+        bits = part.replace("/", ":").replace("=", ":").split(":")
+        if "gpu" in bits and bits[-1].isdigit():
+            return int(bits[-1])
+    return 0
+
+
+def run_job(cluster, probes, job, script, args, exercise_flags, work):
+    folder = os.path.join(work, job.name)
+    os.makedirs(folder, exist_ok=True)
+    env = clean_env(os.environ)
+    env.update(SLURM_CONF=cluster.conf, KIT_SITE="local", KIT_ROOT=ROOT, KIT_PROGRAM=probes.wrapper,
+               KIT_DATA_DIR=os.path.abspath(args.data), OMP_NUM_THREADS="1",
+               PATH=probes.bin + os.pathsep + env.get("PATH", ""))
+    p = subprocess.run(["sbatch", "--parsable", *job.opts, script, *exercise_flags], cwd=folder,
+                       capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        job.state = "SUBMIT_FAILED"
+        job.submit_error = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return
+    job.id = p.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while True:
+        f = cluster.fields("job", job.id)
+        if not f:
+            job.state = job.state if job.state in FINAL_STATES else "GONE"
+            break
+        if f.get("NodeList") and f["NodeList"] != "(null)":
+            job.info = f  # kept while Slurm still knows the job (it forgets it 2 s after)
+        job.state = f.get("JobState", "?")
+        if job.state in FINAL_STATES:
+            break
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job.id], env=cluster.env())
+            job.state = f"NOT DONE AFTER {JOB_TIMEOUT} s"
+            break
+        time.sleep(0.2)
+    job.nodes = cluster.hostnames(job.info.get("NodeList", ""))
+    job.gpus = gpus_of(job.info.get("TresPerNode", "")) or gpus_of(job.info.get("TRES", ""))
+    name = job.info.get("JobName", "job")
+    for attr, ext in (("out", "out"), ("err", "err")):
+        try:
+            with open(os.path.join(folder, f"{name}-{job.id}.{ext}"), errors="replace") as f:
+                setattr(job, attr, f.read())
+        except OSError:
+            pass
+    job.tasks = probes.read("task", job.id)
+    job.sruns = probes.read("srun", job.id)
+
+
+# --- the judgments ------------------------------------------------------------------------------
+def judge_gpus(written, reshaped, node_gpus):
+    why = []
+    if written.gpus != node_gpus:
+        why.append(f"the job asks for {written.gpus} GPU(s) per node (--gres=gpu:{written.gpus}), "
+                   f"a node has {node_gpus}: request all of them")
+    for job in (written, reshaped):
+        if not job.sruns:
+            why.append(f"{job.label()}: the script started no srun step, so no GPU list reached "
+                       "the trainer")
+            continue
+        seen = job.sruns[0].get("CUDA_VISIBLE_DEVICES", "(unset)")
+        mine = job.sruns[0].get("SLURM_JOB_GPUS", "(unset)")
+        want = mine if mine != "(unset)" and len(mine.split(",")) == job.gpus else \
+            ",".join(str(i) for i in range(job.gpus))
+        if sorted(seen.split(",")) != sorted(want.split(",")):
+            why.append(f"{job.label()}: the script shows the trainer CUDA_VISIBLE_DEVICES={seen}, "
+                       f"the job's {job.gpus} GPU(s) are {want}"
+                       + (" (a fixed list does not follow --gres: kit_gpu_ids does)"
+                          if job is reshaped and seen != "(unset)" else ""))
+    return why
+
+
+def judge_rendezvous(jobs):
+    why = []
+    for job in jobs:
+        if not job.tasks:
+            why.append(f"{job.label()}: no task started, so no rank could be told where to meet")
+            continue
+        addr = job.nodes[0] if job.nodes else "?"
+        port = str(20000 + int(job.id) % 10000)
+        got = {(t.get("MASTER_ADDR"), t.get("MASTER_PORT")) for t in job.tasks}
+        bad = sorted(g for g in got if g != (addr, port))
+        if bad:
+            a, p = bad[0]
+            hint = (" (export both)" if "(unset)" in (a, p) else
+                    " (a fixed port clashes with other jobs on the node: kit_job_port)"
+                    if a == addr else " (kit_master_addr: the job's first node)")
+            why.append(f"{job.label()}: the ranks got MASTER_ADDR={a} MASTER_PORT={p}, expected "
+                       f"{addr} and the job's port {port}{hint}")
+            break  # the other job would only say the same
+    return why
+
+
+def judge_tasks(jobs):
+    why = []
+    for job in jobs:
+        g, nodes = job.gpus, job.nodes
+        per_node = {n: sorted(int(t.get("SLURM_LOCALID", "-1")) for t in job.tasks
+                              if t.get("SLURMD_NODENAME") == n) for n in nodes}
+        counts = ", ".join(f"{len(v)} on {n}" for n, v in per_node.items()) or "none"
+        ntasks = {t.get("SLURM_NTASKS") for t in job.tasks}
+        ok = g > 0 and all(v == list(range(g)) for v in per_node.values()) and \
+            ntasks == {str(g * len(nodes))}
+        if not ok:
+            why.append(f"{job.label()}: {len(nodes)} node(s) x {g} GPU(s), and the job started "
+                       f"{len(job.tasks)} task(s) ({counts}): start one task per GPU on every node")
+    return why
+
+
+def judge_nodes(written, want):
+    if len(written.nodes) == want:
+        return []
+    return [f"the job ran on {len(written.nodes)} node(s) ({', '.join(written.nodes) or 'none'}): "
+            f"ask for {want} (#SBATCH --nodes)"]
+
+
+def judge_all(jobs):
+    why = []
+    for job in jobs:
+        if job.state != "COMPLETED":
+            why.append(f"{job.label()}: {job.why_failed()}")
+        elif sum(l.startswith("final test loss ") for l in job.out.splitlines()) != 1:
+            why.append(f"{job.label()}: the job did not print one final test loss")
+    return why
+
+
+def record_job(path, exercise, script, verdicts):
+    """Adds this check's verdicts to .kit/check/<exercise>.json under "job", for `kit list`; the
+    trainer's record in the same file stays."""
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        rec = {"exercise": exercise}
+    with open(script, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    rec["job"] = {"source": os.path.abspath(script), "sha256": digest,
+                  "time": time.strftime("%Y-%m-%d %H:%M"),
+                  "passed": verdicts.passed(), "failed": verdicts.failed()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, path)
+
+
+def main(args):
+    labels = job_labels(args.exercise)
+    work = args.workdir or tempfile.mkdtemp(prefix="kit-check-job-")
+    os.makedirs(work, exist_ok=True)
+    script = os.path.abspath(args.script)
+    for what, path in (("the job script", script), ("the trainer", args.program),
+                       ("the data", os.path.join(args.data, "wiki.train.tokens"))):
+        if not os.path.exists(path):
+            sys.stderr.write(f"check: {what} is missing: {path}\n")
+            return 2
+
+    def stop(signum, frame):
+        raise Interrupted()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"check {args.exercise} --job: {os.path.relpath(script, ROOT)} on a two-node test "
+          "Slurm (the solution's trainer runs in it)", flush=True)
+    written, reshaped = Job("as-written", []), Job("reshaped", RESHAPE)
+    try:
+        probes = Probes(work, os.path.abspath(args.program))
+        with Cluster(os.path.abspath(args.cluster), work) as cluster:
+            nodes = cluster.scontrol("show", "node").splitlines()
+            node_gpus = gpus_of(next((w.split("=", 1)[1] for w in (nodes[0].split() if nodes else [])
+                                      if w.startswith("Gres=")), ""))
+            for job in (written, reshaped):
+                run_job(cluster, probes, job, script, args, labels.get("flags", []), work)
+                print(f"  job {job.id or '-'} ({job.label()}): {job.state}", flush=True)
+    except Interrupted:
+        print("check: interrupted; the test cluster is stopped", flush=True)
+        return 130
+
+    v = Verdicts()
+    jobs = (written, reshaped)
+    for key, what, why in (
+            ("gpus", "the job requests every GPU of a node and makes the job's GPUs visible",
+             judge_gpus(written, reshaped, node_gpus)),
+            ("rendezvous", "every rank gets MASTER_ADDR and the job's MASTER_PORT",
+             judge_rendezvous(jobs)),
+            ("tasks", "one task per GPU on every node (srun)", judge_tasks(jobs)),
+            ("nodes", "the job spans two nodes", judge_nodes(written, 2)),
+            ("all", "both jobs complete and print the final test loss", judge_all(jobs))):
+        v.add(labels.get(key, key), not why, what, "; ".join(why))
+    v.print()
+    print(f"passed: {','.join(v.passed()) or '-'}")
+    print(f"failed: {','.join(v.failed()) or '-'}")
+    if not v.failed():
+        print(f"every job-script TODO passes: compare with the solution: "
+              f"./kit diff {args.exercise[:2]} --solution")
+    if args.record:
+        record_job(args.record, args.exercise, script, v)
+    if not args.keep and not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if v.failed() else 0
