@@ -160,7 +160,9 @@ def main():
                                   "--timeout", "600"], capture_output=True, text=True)
             with open(log, "a") as f:
                 f.write(out.stdout + out.stderr)
-            failed = re.findall(r"Test +#\d+: (\S+) \.+\*+(?:Failed|Timeout|Exception)", out.stdout)
+            # ctest's closing list: "	131 - ddp.Name  # GetParam() = ... (Failed)"
+            failed = re.findall(r"^\s+\d+ - (\S+).*\((?:Failed|Timeout|Exception|[A-Za-z ]+)\)$",
+                                out.stdout, re.M)
             caught = out.returncode != 0
             by = failed[0] if failed else ("(ctest failed)" if caught else "")
         finally:

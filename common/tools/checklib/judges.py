@@ -63,6 +63,11 @@ def check_setup(v, run, nodes, source, ranks):
         if idle:
             bad.append(idle)
     v.add("setup", not bad, what, "; ".join(bad))
+    if not any(d.startswith("cuda") for d in devices):
+        # On the CPU the check sees which device each rank asks for, but not a GPU that is
+        # really driven: say so rather than pass it.
+        v.note("setup", "needs a GPU: that every rank drives the GPU of its local rank with "
+               "NCCL and holds memory on it; run ./kit check on a GPU node for that")
     return True
 
 

@@ -16,6 +16,7 @@ class Verdicts:
 
     def __init__(self, labels=None):
         self.rows = []
+        self.notes = []  # what this check could not judge here, and why (printed, not counted)
         self.labels = labels or {}
 
     def todo(self, concept):
@@ -28,6 +29,12 @@ class Verdicts:
         for todo, ok, what, why in self.rows:
             mark = CHECK if ok else CROSS
             out.write(f"  {mark} TODO {todo:<5} {what}" + (f": {why}" if why else "") + "\n")
+        for todo, text in self.notes:
+            out.write(f"  \u00b7 TODO {todo:<5} not judged here ({text})\n")
+
+    def note(self, concept, text):
+        """Something this machine cannot show: said, never silently passed."""
+        self.notes.append((self.todo(concept), text))
 
 
     def failed(self):
