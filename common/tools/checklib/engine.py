@@ -10,7 +10,8 @@ import sys
 import tempfile
 import tomllib
 
-from .build_errors import explain_build, not_judged_note
+from . import collectives
+from .build_errors import explain_build, not_judged_note, stages_json
 from .runs import Locked, Run, read
 from .verdicts import CROSS, Verdicts, record
 
@@ -144,6 +145,13 @@ def main(argv, doc):
 
     v = check.verdicts
     rules.judge(check)
+    # A collective that not every rank called: named first, with its TODO and the rule, since
+    # everything after it in the run is a consequence.
+    parted = collectives.judge(v, check.many, ranks, check.reference, a.source,
+                               stages_json("todos", a.exercise, "--json") or [],
+                               getattr(rules, "COLLECTIVE_FILES", {}))
+    if parted:
+        print(f"  {CROSS} {parted}")
     v.print()
     note = not_judged_note(a.exercise)
     if note:

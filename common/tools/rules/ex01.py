@@ -22,6 +22,8 @@ TEST_LINE = re.compile(r"test loss ([0-9.]+)")
 # Losses are printed with 5 decimals and traced with 6.
 LOSS_TOL = 2e-5
 SAVED_FILES = ("model-best.pt", "model-final.pt")
+# Collectives the kit makes on the trainer's behalf, by file: DDP's belong to its TODO.
+COLLECTIVE_FILES = {"ddp.cpp": "ddp"}
 
 LABELS = {"include": "1", "setup": "2-3", "sampler": "4", "loader-train": "5",
           "loader-valid": "6", "loader-test": "7", "ddp": "8", "set_epoch": "9",

@@ -71,6 +71,9 @@ MUTANTS = [
       ('kit::save0(model, args.out_dir + "/model-final.pt");',
        'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
      []),
+    ("eval-all-reduce-rank0-only", "run", "10", "the evaluation's all_reduce inside `if (rank "
+     "== 0)`: the other ranks never join it, and the run hangs until the collective timeout",
+     [(AVG_EVAL, "if (kit::get_rank() == 0) " + AVG_EVAL)], ["7", "9", "11", "13"]),
     ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size "
      "(correct: must pass)",
      [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"

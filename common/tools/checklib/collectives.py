@@ -1,0 +1,103 @@
+"""Where the ranks' collectives part ways: the most common distributed bug of all.
+
+Every rank must call every collective, in the same order, with tensors of the same shape and
+dtype: the ranks meet by position in that order, not by name. A collective that only some ranks
+call (one inside `if (rank == 0)`) leaves the others waiting until the timeout, and every judgment
+after it sees a run that stopped half way. The run trace records each collective a rank entered
+("coll seq=N kind=... shape=... dtype=... site=train.cpp:74", common/kit/process_group.cpp); this
+module compares the ranks' sequences, finds the first position where they differ, and names the
+call, its line and the TODO it belongs to."""
+import os
+import re
+
+from .runs import kv
+
+RULE = ("every rank must call every collective, in the same order, with tensors of the same "
+        "shape and dtype (a collective inside `if (rank == 0)` leaves the other ranks waiting)")
+
+
+def calls(run, rank):
+    return [kv(f) for f in run.events(rank, "coll")]
+
+
+def describe(call):
+    """'all_reduce #34 (train.cpp:74) of a [] Float tensor'."""
+    tensor = f" of a {call.get('shape')} {call.get('dtype')} tensor" if call.get("shape", "-") != "-" else ""
+    return f"{call.get('kind')} #{call.get('seq')} ({call.get('site')}){tensor}"
+
+
+def first_divergence(run, ranks, reference=None):
+    """(position, text, site) of the first collective the ranks do not agree on, or None.
+    site ("train.cpp:74") is the call to blame: the one the solution's run also makes there."""
+    seqs = [calls(run, r) for r in range(ranks)]
+    ref = calls(reference, 0) if reference is not None and reference.ranks else []
+    longest = max((len(s) for s in seqs), default=0)
+    for i in range(longest):
+        here = [s[i] if i < len(s) else None for s in seqs]
+        made = [(r, c) for r, c in enumerate(here) if c is not None]
+        key = lambda c: (c.get("kind"), c.get("shape"), c.get("dtype"), c.get("site"))  # noqa: E731
+        if len(made) == ranks and len({key(c) for _, c in made}) == 1:
+            continue
+        # The call the solution makes at this position is the one some ranks skipped (or made
+        # with another shape); without a match, the first rank's call.
+        want = ref[i] if i < len(ref) else None
+        blame = next((c for _, c in made if want and c.get("kind") == want.get("kind")
+                      and c.get("shape") == want.get("shape")), made[0][1])
+        parts = []
+        for r, c in enumerate(here):
+            if c is None:
+                parts.append(f"rank {r} never did")
+            elif key(c) != key(blame):
+                parts.append(f"rank {r} entered {describe(c)} instead")
+        who = ", ".join(str(r) for r, c in made if key(c) == key(blame))
+        text = f"rank{'s' if ',' in who else ''} {who} entered {describe(blame)}; " + "; ".join(parts)
+        return i + 1, text, blame.get("site", "")
+    return None
+
+
+def todo_of_line(source, line, todos):
+    """The TODO whose solution code is on `line` of the student's file (by the line's text, not
+    its number: the student's file has its own numbering), or None."""
+    try:
+        with open(source) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    if not 1 <= line <= len(lines):
+        return None
+    text = norm(lines[line - 1])
+    if not text:
+        return None
+    for t in todos:
+        if any(text == norm(c) or (len(norm(c)) > 8 and norm(c) in text)
+               for c in t.get("code", "").splitlines()):
+            return t["todo"]
+    return None
+
+
+def norm(line):
+    return re.sub(r"\s+", " ", re.sub(r"//.*$", "", line)).strip()
+
+
+def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
+    """Adds a ✘ row for the TODO of the first divergence (if any); returns the line to print
+    before the TODO rows, or None. labels_by_file: kit files whose collectives belong to a
+    concept (e.g. {"ddp.cpp": "ddp"}: DDP's all-reduces go with the DDP TODO)."""
+    found = first_divergence(run, ranks, reference)
+    if found is None:
+        return None
+    position, text, site = found
+    file, _, line = site.partition(":")
+    todo = None
+    if source and file == os.path.basename(source) and line.isdigit():
+        todo = todo_of_line(source, int(line), todos)
+        where = f"TODO {todo}" if todo else "a line outside the TODOs"
+    else:
+        concept = (labels_by_file or {}).get(file)
+        todo = v.todo(concept) if concept else None
+        where = f"TODO {todo}" if todo else f"the kit's {file}"
+    what = "every rank calls every collective in the same order"
+    why = f"the ranks parted at collective #{position}: {text}"
+    if todo:  # first among the rows: what follows in the run is a consequence of it
+        v.rows.insert(0, (todo, False, what, why))
+    return f"{why} ({where}): {RULE}"
