@@ -95,7 +95,8 @@ def device_mismatch(run, ranks, layout):
         want, local = setup.get("device", ""), setup.get("local_rank", "?")
         asked = [kv(f).get("device", "") for f in run.events(r, "model_to")]
         used = [kv(f).get("device", "") for f in run.events(r, "forward")]
-        for d in asked + used:
+        wrapped = [kv(f).get("device", "") for f in run.events(r, "ddp")]  # when DDP wrapped it
+        for d in asked + used + wrapped:
             if d and want and not same_device(d, want):
                 index = d.partition(":")[2]
                 why = f"rank {r} (local rank {local}, {layout}) put the model on {d}, but setup() " \
