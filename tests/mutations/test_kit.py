@@ -252,21 +252,14 @@ def test_check_does_not_compile(repo, work):
     use = next(i for i, l in enumerate(lines, 1) if "train_sampler);" in l)
     col = lines[use - 1].index("train_sampler") + 1
     src = repo.path(CPP)
-    log = os.path.join(work, "fake-build.log")
-    with open(log, "w") as f:
-        f.write(f"[ 50%] Building CXX object CMakeFiles/ex01-exercise.dir/{CPP}.o\n"
-                f"{src}: In function \u2018int main(int, char**)\u2019:\n"
-                f"{src}:{use}:{col}: error: \u2018train_sampler\u2019 was not declared in this scope; "
-                "did you mean \u2018val_sampler\u2019?\n"
-                f"  {use} | {lines[use - 1].rstrip()}\n"
-                "      |                                                   ^~~~~~~~~~~~~\n"
-                "make[2]: *** [CMakeFiles/ex01-exercise.dir/build.make:76] Error 1\n")
-    fake = os.path.join(work, "fakebin")
-    os.makedirs(fake, exist_ok=True)
-    with open(os.path.join(fake, "cmake"), "w") as f:
-        f.write('#!/bin/sh\n# A stand-in for cmake: configuring works, building fails.\n'
-                'case " $* " in *" --build "*) cat "$FAKE_LOG"; exit 2 ;; esac\nexit 0\n')
-    os.chmod(os.path.join(fake, "cmake"), 0o755)
+    error = (f"[ 50%] Building CXX object CMakeFiles/ex01-exercise.dir/{CPP}.o\n"
+             f"{src}: In function \u2018int main(int, char**)\u2019:\n"
+             f"{src}:{use}:{col}: error: \u2018train_sampler\u2019 was not declared in this scope; "
+             "did you mean \u2018val_sampler\u2019?\n"
+             f"  {use} | {lines[use - 1].rstrip()}\n"
+             "      |                                                   ^~~~~~~~~~~~~\n"
+             "make[2]: *** [CMakeFiles/ex01-exercise.dir/build.make:76] Error 1\n")
+    fake, log = stand_in_cmake(work, error)
     env = dict(repo.env, PATH=fake + os.pathsep + os.environ["PATH"], FAKE_LOG=log)
     before = repo.digest()
     rc, out, err = repo.kit("check", "01", env=env)
