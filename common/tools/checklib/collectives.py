@@ -28,8 +28,11 @@ def describe(call):
 
 def first_divergence(run, ranks, reference=None):
     """(position, text, site) of the first collective the ranks do not agree on, or None.
-    site ("train.cpp:74") is the call to blame: the one the solution's run also makes there."""
+    site ("train.cpp:74") is the call to blame: the one the solution's run also makes there.
+    A rank whose calls simply stop counts only when the run hung on a collective: a rank that
+    crashed stops calling too, and that is not a collective's fault."""
     seqs = [calls(run, r) for r in range(ranks)]
+    hung = "timed out" in (run.failure() or "")
     ref = calls(reference, 0) if reference is not None and reference.ranks else []
     longest = max((len(s) for s in seqs), default=0)
     for i in range(longest):
@@ -38,6 +41,8 @@ def first_divergence(run, ranks, reference=None):
         key = lambda c: (c.get("kind"), c.get("shape"), c.get("dtype"), c.get("site"))  # noqa: E731
         if len(made) == ranks and len({key(c) for _, c in made}) == 1:
             continue
+        if len({key(c) for _, c in made}) == 1 and not hung:
+            return None  # some ranks stopped here (a crash, reported elsewhere), none disagreed
         # The call the solution makes at this position is the one some ranks skipped (or made
         # with another shape); without a match, the first rank's call.
         want = ref[i] if i < len(ref) else None
