@@ -18,17 +18,12 @@ import re
 import shutil
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, finish  # noqa: E402 (tests/support)
 
 QUICK = ["--epochs", "1", "--max-steps", "4", "--d-model", "32", "--layers", "1", "--seq-len", "16"]
-failures = []
 
 
-def expect(cond, what, detail=""):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-        if detail:
-            print(detail)
 
 
 def train(a, name, *ddprun_flags):
@@ -77,8 +72,7 @@ def main(argv):
            index(lines, r"^\[rank 0\] final test loss ") is not None and
            all(re.match(r"\[rank [01]\] ", l) for l in lines),
            "--prefix-ranks: every line names its rank", text)
-    print(f"{len(failures)} failure(s)" if failures else "all ok")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -22,18 +22,15 @@ import stat
 import subprocess
 import sys
 import time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, failures, finish  # noqa: E402 (tests/support)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EX = "01-transformer-lm-ddp"
 CPP = f"exercises/{EX}/train.cpp"
 SBATCH = f"sbatch/{EX}/run.sbatch"
-failures = []
 
 
-def expect(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 class Repo:
@@ -387,8 +384,7 @@ def main(argv):
     test_diff_solution(repo)
     test_watch(repo, os.path.abspath(a.work))
     test_job_refusals(repo, os.path.abspath(a.work))
-    print(f"{len(failures)} failure(s)" if failures else "all ok")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

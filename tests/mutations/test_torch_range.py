@@ -13,17 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, finish  # noqa: E402 (tests/support)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-failures = []
 
 
-def expect(cond, what, detail=""):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-        if detail:
-            print("     " + detail.replace("\n", "\n     "))
 
 
 def fake_torch(prefix, version):
@@ -65,8 +60,7 @@ def main():
     out = run.stdout + run.stderr
     expect("CMake Warning" in out and "outside the supported range" in out,
            "-DKIT_ALLOW_UNTESTED_TORCH=ON: the stop becomes a warning", out[-2000:])
-    print(f"{len(failures)} failed" if failures else "all checks passed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

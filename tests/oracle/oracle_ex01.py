@@ -44,6 +44,8 @@ import sys
 
 import torch
 from torch import nn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, finish  # noqa: E402 (tests/support)
 
 # The run: small and quick, dropout off (a random mask could not be replayed), the trainer's
 # defaults for everything else that matters (AdamW, lr 1e-3: see kit/args.h).
@@ -55,15 +57,8 @@ SEQ_LEN, EPOCHS, LR = 16, 2, 1e-3
 CORPUS = ["--train-tokens", "8000", "--valid-tokens", "1200", "--test-tokens", "1200",
           "--seed", "3"]
 
-failures = []
 
 
-def expect(cond, what, detail=""):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-        if detail:
-            print("     " + detail.replace("\n", "\n     "), flush=True)
 
 
 # --- The data, read the way the WikiText-2 files are defined (independently of kit/wikitext.cpp)
@@ -276,8 +271,7 @@ def main():
            "the final test loss matches PyTorch", f"C++ {test}, PyTorch {mine_test}")
     print(f"ranks {args.ranks}: {len(logged)} steps, worst per-step relative difference {worst:.2e}; "
           f"final test loss C++ {test[0] if test else '?'} vs PyTorch {mine_test[0] if mine_test else float('nan'):.5f}")
-    print(f"{len(failures)} failed" if failures else "all checks passed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, finish  # noqa: E402 (tests/support)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EX = "01-transformer-lm-ddp"
 TODOS = ["14", "15", "16", "17"]
-failures = []
 
 
 def check(a, script, name):
@@ -34,11 +35,6 @@ def check(a, script, name):
         set(rows.get("failed", "-").split(",")) - {"-"}
 
 
-def expect(cond, what, p):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-        print(p.stdout + p.stderr)
 
 
 def main():
@@ -53,7 +49,7 @@ def main():
     os.makedirs(a.work)
     p, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "run.sbatch"), "shipped")
     expect(p.returncode == 1 and failed - {"all"} == set(TODOS) and passed - {"all"} == set(),
-           "as shipped: fails TODOs 14, 15, 16 and 17", p)
+           "as shipped: fails TODOs 14, 15, 16 and 17", p.stdout + p.stderr)
     for k in (14, 15, 16, 17):
         d = os.path.join(a.work, f"stage-{k}")
         subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "stage", EX,
@@ -61,12 +57,12 @@ def main():
         p, passed, failed = check(a, os.path.join(d, "run.sbatch"), f"check-{k}")
         want = {t for t in TODOS if int(t) <= k}
         expect(passed - {"all"} == want and failed - {"all"} == set(TODOS) - want and
-               "all" in passed, f"stage {k}: passes exactly TODOs 14..{k}, both jobs complete", p)
+               "all" in passed, f"stage {k}: passes exactly TODOs 14..{k}, both jobs complete",
+               p.stdout + p.stderr)
     p, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "solution.sbatch"), "solution")
     expect(p.returncode == 0 and passed == set(TODOS) | {"all"} and not failed,
-           "solution.sbatch: every TODO passes", p)
-    print(f"{len(failures)} failure(s)" if failures else "all ok")
-    return 1 if failures else 0
+           "solution.sbatch: every TODO passes", p.stdout + p.stderr)
+    return finish()
 
 
 if __name__ == "__main__":
