@@ -9,7 +9,7 @@
 //   3. (none left) 1.13's Gloo had no AVG and no reduce-scatter, and the kit emulated both. In
 //      2.13 Gloo has both; its reduce-scatter is itself an emulation inside c10d (an all-reduce
 //      of the whole buffer, of which each rank keeps its chunk: twice the traffic of NCCL's real
-//      one). The kit calls it as it is; kit/zero.h's byte counts assume the real algorithm.
+//      one). The kit calls it as it is; CommStats counts the tensors handed over, not the wire.
 //   4. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
 //   5. the Gloo headers are not in the pip wheel: the build takes them from Debian's
 //      libgloo-dev (common/CMakeLists.txt); only pointers to Gloo types cross into LibTorch.
