@@ -174,17 +174,10 @@ std::string format_duration(double s) {
   return text;
 }
 
-// ", step 40/250 of the epoch, ETA 1 min 23 s", or "" when the epoch's length is not known. The
-// time per step is this run's average over the epoch so far (from the end of its first step, so
-// that the first step's one-time allocations do not count), or the last step's time while there
-// is only one; the steps left times that is the ETA.
-std::string epoch_eta(int64_t done, int64_t of, int64_t steps_timed,
-                      std::chrono::steady_clock::time_point first,
-                      std::chrono::steady_clock::time_point last, double last_dt) {
+// ", step 40/250 of the epoch, ETA 1 min 23 s", or "" when the epoch's length is not known: the
+// steps left times the time per step.
+std::string epoch_eta(int64_t done, int64_t of, double per_step) {
   if (of <= 0 || done <= 0 || done > of) return "";
-  double per_step = steps_timed >= 2
-                        ? std::chrono::duration<double>(last - first).count() / (steps_timed - 1)
-                        : last_dt;
   return ", step " + std::to_string(done) + "/" + std::to_string(of) + " of the epoch, ETA " +
          format_duration(per_step * static_cast<double>(of - done));
 }
@@ -242,27 +235,26 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epo
     double avg_rate = static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * ranks) / since;
     std::printf("  epoch %ld, step %ld: loss %.4f, %.0f samples/s, %.0f s elapsed%s\n", epoch + 1,
                 steps_, value, avg_rate, elapsed,
-                epoch_eta(step_in_epoch, steps_per_epoch, epoch_steps_, epoch_first_, epoch_last_,
-                          dt)
-                    .c_str());
+                epoch_eta(step_in_epoch, steps_per_epoch, epoch_step_seconds(dt)).c_str());
     std::fflush(stdout);
     last_line_ = now;
     steps_at_last_line_ = steps_;
   }
 }
 
+double Metrics::epoch_step_seconds(double otherwise) const {
+  const double span = std::chrono::duration<double>(epoch_last_ - epoch_first_).count();
+  return epoch_steps_ >= 2 && span > 0 ? span / static_cast<double>(epoch_steps_ - 1) : otherwise;
+}
+
 void Metrics::end_epoch(int64_t epoch) {
   // This rank's figures. Its samples/s: the steps after the first, over the time they took; an
-  // epoch of one step can only be timed from the previous step (or the start).
+  // epoch of one step is timed from the start of the run; NaN when this run did no step of the
+  // epoch (resumed after its last step).
   RankReport me{};
-  const double span = std::chrono::duration<double>(epoch_last_ - epoch_first_).count();
-  if (epoch_steps_ >= 2 && span > 0)
-    me.samples_per_s = static_cast<double>((epoch_steps_ - 1) * batch_size_) / span;
-  else if (epoch_steps_ == 1)
-    me.samples_per_s = static_cast<double>(batch_size_) /
-        std::max(1e-9, std::chrono::duration<double>(epoch_last_ - start_).count());
-  else
-    me.samples_per_s = NAN;  // a run resumed after the epoch's last step
+  const double one_step = std::max(1e-9, std::chrono::duration<double>(epoch_last_ - start_).count());
+  me.samples_per_s =
+      static_cast<double>(batch_size_) / epoch_step_seconds(epoch_steps_ == 1 ? one_step : NAN);
   me.cuda = device_.is_cuda() ? 1 : 0;
   me.index = device_.is_cuda() ? device_.index() : -1;
   me.gpu_busy_pct = -1;

@@ -52,6 +52,10 @@ class Metrics {
   // This epoch, on this rank: its steps so far and the time of its first and last one.
   int64_t epoch_steps_ = 0;
   std::chrono::steady_clock::time_point epoch_first_, epoch_last_;
+  // This epoch's seconds per step, from the end of its first step to the end of its last (the
+  // first step's one-time allocations and the evaluation before it do not count); `otherwise`
+  // while fewer than two steps were timed.
+  double epoch_step_seconds(double otherwise) const;
 };
 
 }  // namespace kit

@@ -86,7 +86,8 @@ def norm(line):
 
 def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
     """Adds a ✘ row for the TODO of the first divergence (if any); returns the line to print
-    before the TODO rows, or None. labels_by_file: kit files whose collectives belong to a
+    before the TODO rows, or None. todos: a function giving the exercise's TODO blocks (asked
+    only when there is a divergence to place). labels_by_file: kit files whose collectives belong to a
     concept (e.g. {"ddp.cpp": "ddp"}: DDP's all-reduces go with the DDP TODO)."""
     found = first_divergence(run, ranks, reference)
     if found is None:
@@ -95,7 +96,7 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
     file, _, line = site.partition(":")
     todo = None
     if source and file == os.path.basename(source) and line.isdigit():
-        todo = todo_of_line(source, int(line), todos)
+        todo = todo_of_line(source, int(line), todos())
         where = f"TODO {todo}" if todo else "a line outside the TODOs"
     else:
         concept = (labels_by_file or {}).get(file)

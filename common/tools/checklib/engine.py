@@ -148,7 +148,7 @@ def main(argv, doc):
     # A collective that not every rank called: named first, with its TODO and the rule, since
     # everything after it in the run is a consequence.
     parted = collectives.judge(v, check.many, ranks, check.reference, a.source,
-                               stages_json("todos", a.exercise, "--json") or [],
+                               lambda: stages_json("todos", a.exercise, "--json") or [],
                                getattr(rules, "COLLECTIVE_FILES", {}))
     if parted:
         print(f"  {CROSS} {parted}")
