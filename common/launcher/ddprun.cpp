@@ -732,6 +732,7 @@ void Launcher::drain(Rank& r) {
 // ddprun is done. That keeps its pid -- which is also its process group id -- reserved, so a
 // later kill(-pgid) can never hit an unrelated process that happened to get the recycled number.
 void Launcher::check_children() {
+  std::vector<Rank*> failed;  // the ranks found dead in this sweep, with an error
   for (auto& r : ranks_) {
     if (r.exited) continue;
     siginfo_t info{};
@@ -745,25 +746,29 @@ void Launcher::check_children() {
       r.exit_signal = info.si_status;  // CLD_KILLED or CLD_DUMPED
     }
     drain(r);
-
-    bool failed = r.exit_code != 0 || r.exit_signal != 0;
-    if (!failed || stopping_) continue;  // success, or a rank we are stopping anyway
-
-    // The first failure: say which rank and how, in one line, then stop everybody else.
-    // Their collectives cannot finish without this rank; left alone they would hang until
-    // the rendezvous timeout (30 minutes by default).
-    std::string how = r.exit_signal != 0 ? "killed by signal " + std::to_string(r.exit_signal) +
-                                               " (" + signal_name(r.exit_signal) + ")"
-                                         : "exited with code " + std::to_string(r.exit_code);
-    int others = count_running();
-    std::string next = others == 0 ? "no other rank is running"
-                                   : "stopping the other " + std::to_string(others) +
-                                         (others == 1 ? " rank" : " ranks");
-    std::fprintf(stderr, "ddprun: rank %d (pid %d) died: %s; %s\n", r.rank,
-                 static_cast<int>(r.pid), how.c_str(), next.c_str());
-    exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;
-    begin_stop(SIGTERM);
+    if (r.exit_code != 0 || r.exit_signal != 0) failed.push_back(&r);
   }
+  if (failed.empty() || stopping_) return;  // all well, or ranks we are stopping anyway
+
+  // The first failure: say which rank and how, in one line, then stop everybody else.
+  // Their collectives cannot finish without this rank; left alone they would hang until
+  // the rendezvous timeout (30 minutes by default).
+  // Several ranks may be found dead in one sweep: a rank killed by a signal (the OOM killer, a
+  // segfault) makes its peers' collectives fail within milliseconds, and they exit with an
+  // error of their own. The signal is the cause, so it is named, whatever the rank numbers.
+  std::stable_partition(failed.begin(), failed.end(), [](const Rank* x) { return x->exit_signal != 0; });
+  Rank& r = *failed.front();
+  std::string how = r.exit_signal != 0 ? "killed by signal " + std::to_string(r.exit_signal) +
+                                             " (" + signal_name(r.exit_signal) + ")"
+                                       : "exited with code " + std::to_string(r.exit_code);
+  int others = count_running();
+  std::string next = others == 0 ? "no other rank is running"
+                                 : "stopping the other " + std::to_string(others) +
+                                       (others == 1 ? " rank" : " ranks");
+  std::fprintf(stderr, "ddprun: rank %d (pid %d) died: %s; %s\n", r.rank,
+               static_cast<int>(r.pid), how.c_str(), next.c_str());
+  exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;
+  begin_stop(SIGTERM);
 }
 
 void Launcher::loop() {

@@ -23,6 +23,8 @@
 //                                sleeps; its pid goes to DIR/rank<R>.child.pid
 //   bind-master-port             listen on MASTER_ADDR:MASTER_PORT; exit 5 if that fails
 //   kill-self SIGNUM             raise a signal
+//   exit-on SIGNUM CODE          from now on, that signal makes the rank exit with CODE (a
+//                                trainer whose collective fails because a peer died)
 //   exit CODE                    exit with CODE
 //
 // Plain C++ and POSIX, no LibTorch: the launcher tests must not depend on the rest of the kit.
@@ -160,6 +162,8 @@ int bind_master_port() {
 
 }  // namespace
 
+volatile sig_atomic_t g_exit_code = 0;  // exit-on's code, read by its signal handler
+
 int main(int argc, char** argv) {
   const char* rank_env = std::getenv("RANK");
   g_rank = rank_env ? std::atoi(rank_env) : 0;
@@ -254,6 +258,10 @@ int main(int argc, char** argv) {
     } else if (cmd == "kill-self") {
       int sig = std::atoi(next("signal").c_str());
       if (!skip) ::raise(sig);
+    } else if (cmd == "exit-on") {
+      int sig = std::atoi(next("signal").c_str());
+      g_exit_code = std::atoi(next("code").c_str());
+      if (!skip) ::signal(sig, [](int) { ::_exit(g_exit_code); });
     } else if (cmd == "exit") {
       int code = std::atoi(next("code").c_str());
       if (!skip) return code;

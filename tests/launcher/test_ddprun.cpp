@@ -491,6 +491,35 @@ TEST_F(Ddprun, RankExitingWithCode3StopsTheWholeJob) {
   EXPECT_TRUE(all_gone(pids, 3));
 }
 
+TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenItsPeersDieInTheSameInstant) {
+  // Rank 3 is SIGKILLed and rank 0's collective fails at once (exit 1). When ddprun notices both
+  // in the same look -- on a loaded machine it often does -- the signal is the cause, and the
+  // message must name rank 3, not the lower rank number. ddprun is held with SIGSTOP while both
+  // die, so that this test does not depend on timing.
+  Launch l(dir_, {"--nproc-per-node", "4", "--grace", "2", kProbe, "rank", "0", "exit-on", "10",
+                  "1", "pidfile", dir_, "await-pidfiles", dir_, "4", "sleep", "30"});
+  ASSERT_TRUE(wait_for_pidfiles(4)) << l.err_so_far();
+  auto pids = rank_pids(4);
+  ASSERT_EQ(::kill(l.pid(), SIGSTOP), 0);
+  ::kill(pids[3], SIGKILL);
+  ::kill(pids[0], SIGUSR1);
+  auto zombie = [](pid_t pid) {
+    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    size_t paren = stat.rfind(')');
+    return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
+  };
+  bool both = wait_until([&] { return zombie(pids[0]) && zombie(pids[3]); }, 5);
+  ::kill(l.pid(), SIGCONT);
+  ASSERT_TRUE(both) << "ranks 0 and 3 did not both end";
+  Result r = l.wait();
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(IsOneDdprunLine(r.err)) << r.err;
+  EXPECT_NE(r.err.find("rank 3 (pid " + std::to_string(pids[3]) + ") died: killed by signal 9"),
+            std::string::npos) << r.err;
+  EXPECT_TRUE(all_gone(pids, 3));
+}
+
 TEST_F(Ddprun, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   // Rank 0 ignores SIGTERM (a trainer stuck in a collective behaves much the same).
   Result r = run({"--nproc-per-node", "2", "--grace", "1", kProbe, "pidfile", dir_,
