@@ -62,6 +62,28 @@ def verify():
     return 0
 
 
+def check_job(build, script, workdir):
+    """Runs `kit check 01 --job` (check_job.py) on script; its lines are printed as they come,
+    so that a test killed by its CTest timeout still shows how far the check got. Returns
+    (exit status, stdout and stderr, TODOs passed, TODOs failed)."""
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "common/tools/check_job.py"),
+                          "--exercise", EX, "--script", script,
+                          "--program", os.path.join(build, "bin", "ex01-solution"),
+                          "--data", os.environ.get("KIT_TEST_DATA",
+                                                   os.path.join(build, "data/wikitext-2")),
+                          "--cluster", os.path.join(ROOT, "tests/slurm/cluster.sh"),
+                          "--workdir", workdir],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+    for line in p.stdout:
+        print(line, end="", flush=True)
+        out.append(line)
+    p.wait()
+    rows = dict(l.rstrip("\n").split(": ", 1) for l in out if l.startswith(("passed: ", "failed: ")))
+    todos = lambda key: set(rows.get(key, "-").split(",")) - {"-", ""}  # noqa: E731
+    return p.returncode, "".join(out), todos("passed"), todos("failed")
+
+
 def run(mid, build, work):
     m = next((m for m in MUTANTS if m[0] == mid), None)
     if m is None:
@@ -72,19 +94,11 @@ def run(mid, build, work):
     with open(script, "w") as f:
         f.write(apply(edits, open(SCRIPT).read()))
     os.chmod(script, 0o755)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/check_job.py"),
-                        "--exercise", EX, "--script", script,
-                        "--program", os.path.join(build, "bin", "ex01-solution"),
-                        "--data", os.environ.get("KIT_TEST_DATA", os.path.join(build, "data/wikitext-2")),
-                        "--cluster", os.path.join(ROOT, "tests/slurm/cluster.sh"),
-                        "--workdir", os.path.join(work, "check")],
-                       capture_output=True, text=True)
-    print(p.stdout + p.stderr)
-    failed = next((l.split(": ", 1)[1] for l in p.stdout.splitlines() if l.startswith("failed: ")), "")
-    got = set(failed.split(",")) - {"all", "-", ""}
-    ok = p.returncode == 1 and got == {todo}
+    rc, _, _, failed = check_job(build, script, os.path.join(work, "check"))
+    got = failed - {"all"}
+    ok = rc == 1 and got == {todo}
     print(("ok   " if ok else "FAIL ") + f"mutant {mid} ({what}): check --job fails TODO(s) "
-          f"{sorted(got) or '-'}, expected exactly {todo} (exit {p.returncode})")
+          f"{sorted(got) or '-'}, expected exactly {todo} (exit {rc})")
     return 0 if ok else 1
 
 

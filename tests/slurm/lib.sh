@@ -94,7 +94,7 @@ boot_cluster() {
 
 # job_field NAME: the value of NAME= in `scontrol show job $JOB`.
 job_field() {
-  scontrol -o show job "$JOB" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
+  timeout 30 scontrol -o show job "$JOB" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
 }
 
 submit() {
@@ -118,6 +118,10 @@ submit() {
       '') STATE=GONE; break ;;
     esac
     if [ "$waited" -ge $((JOB_TIMEOUT * 5)) ]; then
+      # Say what Slurm thought of the job, and what the daemons logged last: a job that never
+      # ends leaves nothing else to go on.
+      say "job $JOB not done after $JOB_TIMEOUT s: still $STATE, reason $(job_field Reason)"
+      tail -n 15 "$CLUSTER"/log/*.log 2>/dev/null
       scancel "$JOB" 2>/dev/null
       STATE=TIMED_OUT_IN_TEST
       break

@@ -15,6 +15,7 @@ import subprocess
 import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from verdict import expect, finish  # noqa: E402 (tests/support)
+from job_mutants import check_job  # noqa: E402 (its output streams; see there)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EX = "01-transformer-lm-ddp"
@@ -22,19 +23,7 @@ TODOS = ["14", "15", "16", "17"]
 
 
 def check(a, script, name):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/check_job.py"),
-                        "--exercise", EX, "--script", script,
-                        "--program", os.path.join(a.build, "bin", "ex01-solution"),
-                        "--data", os.environ.get("KIT_TEST_DATA",
-                                                 os.path.join(a.build, "data/wikitext-2")),
-                        "--cluster", os.path.join(ROOT, "tests/slurm/cluster.sh"),
-                        "--workdir", os.path.join(a.work, name)], capture_output=True, text=True)
-    rows = dict(l.split(": ", 1) for l in p.stdout.splitlines()
-                if l.startswith(("passed: ", "failed: ")))
-    return p, set(rows.get("passed", "-").split(",")) - {"-"}, \
-        set(rows.get("failed", "-").split(",")) - {"-"}
-
-
+    return check_job(a.build, script, os.path.join(a.work, name))
 
 
 def main():
@@ -47,21 +36,21 @@ def main():
         return 77
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    p, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "run.sbatch"), "shipped")
-    expect(p.returncode == 1 and failed - {"all"} == set(TODOS) and passed - {"all"} == set(),
-           "as shipped: fails TODOs 14, 15, 16 and 17", p.stdout + p.stderr)
+    rc, _, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "run.sbatch"), "shipped")
+    expect(rc == 1 and failed - {"all"} == set(TODOS) and passed - {"all"} == set(),
+           "as shipped: fails TODOs 14, 15, 16 and 17", "its output is above")
     for k in (14, 15, 16, 17):
         d = os.path.join(a.work, f"stage-{k}")
         subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "stage", EX,
                         str(k), d], check=True, capture_output=True)
-        p, passed, failed = check(a, os.path.join(d, "run.sbatch"), f"check-{k}")
+        rc, _, passed, failed = check(a, os.path.join(d, "run.sbatch"), f"check-{k}")
         want = {t for t in TODOS if int(t) <= k}
         expect(passed - {"all"} == want and failed - {"all"} == set(TODOS) - want and
                "all" in passed, f"stage {k}: passes exactly TODOs 14..{k}, both jobs complete",
-               p.stdout + p.stderr)
-    p, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "solution.sbatch"), "solution")
-    expect(p.returncode == 0 and passed == set(TODOS) | {"all"} and not failed,
-           "solution.sbatch: every TODO passes", p.stdout + p.stderr)
+               "its output is above")
+    rc, _, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "solution.sbatch"), "solution")
+    expect(rc == 0 and passed == set(TODOS) | {"all"} and not failed,
+           "solution.sbatch: every TODO passes", "its output is above")
     return finish()
 
 

@@ -135,12 +135,21 @@ class Cluster:
         return dict(os.environ, SLURM_CONF=self.conf)
 
     def scontrol(self, *args):
-        p = subprocess.run(["scontrol", "-o", *args], capture_output=True, text=True, env=self.env())
+        """scontrol's answer; "" when it fails, None when the controller did not answer in time
+        (a command that waits on Slurm must never wait unbounded)."""
+        try:
+            p = subprocess.run(["scontrol", "-o", *args], capture_output=True, text=True,
+                               env=self.env(), timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
         return p.stdout if p.returncode == 0 else ""
 
     def fields(self, *args):
-        """The key=value pairs of `scontrol -o show ...` (first record)."""
-        line = self.scontrol("show", *args).splitlines()
+        """The key=value pairs of `scontrol -o show ...` (first record); None: no answer."""
+        answer = self.scontrol("show", *args)
+        if answer is None:
+            return None
+        line = answer.splitlines()
         out = {}
         for word in (line[0].split() if line else []):
             k, _, v = word.partition("=")
@@ -148,8 +157,18 @@ class Cluster:
         return out
 
     def hostnames(self, nodelist):
-        return [h for h in self.scontrol("show", "hostnames", nodelist).split() if h] \
+        return [h for h in (self.scontrol("show", "hostnames", nodelist) or "").split() if h] \
             if nodelist else []
+
+    def log_tails(self, lines=15):
+        """The last lines of the daemons' logs: what a job that never ended leaves to go on."""
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.dir, "log", "*.log"))):
+            with open(path, errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+            out.append(f"--- {os.path.relpath(path, self.dir)} (last {len(tail)} lines)")
+            out += tail
+        return "\n".join(out)
 
 
 def clean_env(base):
@@ -173,6 +192,7 @@ class Job:
         self.out = self.err = ""
         self.tasks, self.sruns = [], []
         self.submit_error = ""
+        self.stuck = ""  # the daemons' logs when the job did not end in time
 
     def label(self):
         return "as written" if not self.opts else "with sbatch " + " ".join(self.opts)
@@ -200,28 +220,43 @@ def run_job(cluster, probes, job, script, args, exercise_flags, work):
     env.update(SLURM_CONF=cluster.conf, KIT_SITE="local", KIT_ROOT=ROOT, KIT_PROGRAM=probes.wrapper,
                KIT_DATA_DIR=os.path.abspath(args.data), OMP_NUM_THREADS="1",
                PATH=probes.bin + os.pathsep + env.get("PATH", ""))
-    p = subprocess.run(["sbatch", "--parsable", *job.opts, script, *exercise_flags], cwd=folder,
-                       capture_output=True, text=True, env=env)
+    try:
+        p = subprocess.run(["sbatch", "--parsable", *job.opts, script, *exercise_flags],
+                           cwd=folder, capture_output=True, text=True, env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        job.state = "SUBMIT_FAILED"
+        job.submit_error = "sbatch had no answer from the controller within 60 s"
+        return
     if p.returncode != 0:
         job.state = "SUBMIT_FAILED"
         job.submit_error = (p.stderr.strip().splitlines() or ["?"])[-1]
         return
     job.id = p.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + JOB_TIMEOUT
+    start = time.monotonic()
+    reason, next_note = "", start + 30
     while True:
         f = cluster.fields("job", job.id)
-        if not f:
+        if f is not None and not f:
             job.state = job.state if job.state in FINAL_STATES else "GONE"
             break
-        if f.get("NodeList") and f["NodeList"] != "(null)":
-            job.info = f  # kept while Slurm still knows the job (it forgets it 2 s after)
-        job.state = f.get("JobState", "?")
-        if job.state in FINAL_STATES:
+        if f:
+            if f.get("NodeList") and f["NodeList"] != "(null)":
+                job.info = f  # kept while Slurm still knows the job (it forgets it 2 s after)
+            job.state, reason = f.get("JobState", "?"), f.get("Reason", "")
+            if job.state in FINAL_STATES:
+                break
+        now = time.monotonic()
+        if now > start + JOB_TIMEOUT:
+            subprocess.run(["scancel", job.id], env=cluster.env(), timeout=30)
+            job.state = (f"NOT DONE AFTER {JOB_TIMEOUT} s (still {job.state}"
+                         + (f", reason {reason}" if reason and reason != "None" else "") + ")")
+            job.stuck = cluster.log_tails()
             break
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job.id], env=cluster.env())
-            job.state = f"NOT DONE AFTER {JOB_TIMEOUT} s"
-            break
+        if now > next_note:  # a job that is slow to end says so while it runs
+            print(f"  job {job.id} ({job.label()}): {job.state}"
+                  + (f" ({reason})" if reason and reason != "None" else "")
+                  + f" after {now - start:.0f} s", flush=True)
+            next_note = now + 30
         time.sleep(0.2)
     job.nodes = cluster.hostnames(job.info.get("NodeList", ""))
     job.gpus = gpus_of(job.info.get("TresPerNode", "")) or gpus_of(job.info.get("TRES", ""))
@@ -355,12 +390,14 @@ def main(args):
     try:
         probes = Probes(work, os.path.abspath(args.program))
         with Cluster(os.path.abspath(args.cluster), work) as cluster:
-            nodes = cluster.scontrol("show", "node").splitlines()
+            nodes = (cluster.scontrol("show", "node") or "").splitlines()
             node_gpus = gpus_of(next((w.split("=", 1)[1] for w in (nodes[0].split() if nodes else [])
                                       if w.startswith("Gres=")), ""))
             for job in (written, reshaped):
                 run_job(cluster, probes, job, script, args, labels.get("flags", []), work)
                 print(f"  job {job.id or '-'} ({job.label()}): {job.state}", flush=True)
+                if job.stuck:
+                    print(job.stuck, flush=True)
     except Interrupted:
         print("check: interrupted; the test cluster is stopped", flush=True)
         return 130
