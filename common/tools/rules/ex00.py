@@ -73,7 +73,7 @@ def collective_kinds(run, rank):
 
 def stopped(run):
     """Why a result line is missing: the run ended early."""
-    return f" (the run stopped before it: {run.failure()})" if run.failure() else ""
+    return " (the run stopped before it: see above)" if run.failure() else ""
 
 
 def check_include(v, run, source, ranks):
@@ -139,22 +139,23 @@ def check_results(v, run, ranks):
                                  ("all_gather", ["all_gather"], "all_gather"),
                                  ("reduce_scatter", ["reduce_scatter"], "reduce_scatter")):
         what = f"every rank's {kind} result is right"
-        why = ""
-        for r in range(ranks):
-            got, want = results(run.logs.get(r, "")), expected(r, ranks)
-            for name in names:
-                if name not in got:
-                    why = f"rank {r} printed no {name} result{stopped(run)}"
-                elif not same(got[name], want[name]):
-                    why = (f"rank {r} has {name} = {text(got[name])}, expected "
-                           f"{text(want[name])}{hint(name, r, ranks)}")
-                if why:
-                    break
-            if not why and kind not in collective_kinds(run, r):
-                why = f"rank {r} has the right numbers, but never called kit::{kind}"
-            if why:
-                break
+        wrong = [wrong_value(run, r, ranks, name) for r in range(ranks) for name in names]
+        # Wrong numbers first (rank 0's broadcast is right even without one); then the trace.
+        why = next((w for w in wrong if w), "") or next(
+            (f"rank {r} has the right numbers, but never called kit::{kind}"
+             for r in range(ranks) if kind not in collective_kinds(run, r)), "")
         v.add(concept, not why, what, why)
+
+
+def wrong_value(run, rank, ranks, name):
+    """What is wrong with `rank`'s result `name`, or ""."""
+    got, want = results(run.logs.get(rank, "")), expected(rank, ranks)[name]
+    if name not in got:
+        return f"rank {rank} printed no {name} result{stopped(run)}"
+    if not same(got[name], want):
+        return (f"rank {rank} has {name} = {text(got[name])}, expected {text(want)}"
+                f"{hint(name, rank, ranks)}")
+    return ""
 
 
 def hint(name, rank, ranks):
@@ -173,20 +174,23 @@ def hint(name, rank, ranks):
 def check_barrier(v, run, ranks):
     """TODO 8: every rank enters the barrier, and nobody leaves it before all have arrived."""
     what = "every rank waits at the barrier until all have arrived"
+    entered = [r for r in range(ranks) if "barrier" in collective_kinds(run, r)]
+    seen = {r: BARRIER.findall(run.logs.get(r, "")) for r in range(ranks)}
     why = ""
-    for r in range(ranks):
-        seen = BARRIER.findall(run.logs.get(r, ""))
-        if "barrier" not in collective_kinds(run, r):
-            why = f"rank {r} never entered kit::barrier()"
-            if seen and int(seen[0][0]) < ranks:
-                why += f": it went on when {seen[0][0]} of {ranks} ranks had arrived"
-            why += stopped(run)
-            break
-        if not seen:
+    for r in (r for r in range(ranks) if r not in entered):
+        why = f"rank {r} never entered kit::barrier()"
+        if seen[r] and int(seen[r][0][0]) < ranks:
+            why += f": it went on when {seen[r][0][0]} of {ranks} ranks had arrived"
+        if entered:
+            why += (f"; rank {entered[0]} did, and waited for it: every rank must call every "
+                    "collective, in the same order")
+        break
+    for r in range(ranks) if not why else []:
+        if not seen[r]:
             why = f"rank {r} printed nothing after the barrier{stopped(run)}"
-            break
-        if int(seen[0][0]) != ranks:
-            why = f"rank {r} left the barrier when {seen[0][0]} of {ranks} ranks had arrived"
+        elif int(seen[r][0][0]) != ranks:
+            why = f"rank {r} left the barrier when {seen[r][0][0]} of {ranks} ranks had arrived"
+        if why:
             break
     v.add("barrier", not why, what, why)
 
