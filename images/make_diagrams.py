@@ -11,6 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot import write_outputs  # noqa: E402
 from style import COLORS, GRID, IDLE, INK, LIGHT, MUTED, PAPER, SUM, Svg  # noqa: E402
 
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
@@ -452,27 +453,8 @@ def all_diagrams():
 def main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
     out = argv[argv.index("--out") + 1] if "--out" in argv else here
-    check = "--check" in argv
-    stale = []
-    for name, svg in all_diagrams():
-        text = svg.render()
-        path = os.path.join(out, name)
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
-        if old == text:
-            continue
-        if check:
-            stale.append(name)
-        else:
-            os.makedirs(out, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-            print(f"wrote {path}")
-    if stale:
-        sys.stderr.write("images differ from images/make_diagrams.py (run it to rewrite them): "
-                         + ", ".join(stale) + "\n")
-        return 1
-    return 0
-
+    return write_outputs({name: svg.render() for name, svg in all_diagrams()}, out,
+                         "--check" in argv, "make_diagrams.py")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

@@ -99,7 +99,7 @@ def write_outputs(outputs, out_dir, check, prog):
             f.write(text)
         print(f"wrote {path}")
     if stale:
-        sys.stderr.write(f"{prog}: {', '.join(stale)} in {out_dir} differ from the data "
-                         "(rerun without --check)\n")
+        sys.stderr.write(f"{prog}: {', '.join(stale)} in {out_dir} differ from what it draws "
+                         "now (run it without --check to rewrite them)\n")
         return 1
     return 0
