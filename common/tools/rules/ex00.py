@@ -104,6 +104,11 @@ def check_setup(v, run, ranks):
         elif run.finished() and not run.events(r, "destroy"):
             bad.append(f"rank {r} never called kit::destroy_process_group() at the end")
     v.add("setup", not bad, what, "; ".join(bad))
+    if not any(kv(run.events(r, "setup")[0]).get("device", "").startswith("cuda")
+               for r in range(ranks)):
+        # Said, not passed in silence: a CPU run cannot show the GPU side of the same code.
+        v.note("setup", "needs a GPU: that each rank's tensors live on cuda:<local rank> and the "
+               "collectives run on NCCL; run ./kit check 00 on a GPU node for that")
     return True
 
 
