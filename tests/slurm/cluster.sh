@@ -95,6 +95,14 @@ cmd_start() {
   for ((i = 0; i < GPUS_PER_NODE; i++)); do
     [ -e "$dir/dev/nvidia$i" ] || mknod "$dir/dev/nvidia$i" c 1 3 || die "mknod $dir/dev/nvidia$i failed"
   done
+  # slurmd and each job step listen on Unix sockets in the spool folder, named
+  # <spool>/<node>_<job>.<step>, and a socket path has at most 108 bytes: a spool folder deep in
+  # a build tree (a CI clone, a long test name) makes every job fail at launch, after which Slurm
+  # holds it for ever ("launch failed requeued held"). So the spool folders live in a short
+  # folder of their own under /tmp, linked from DIR/spool and removed by `stop`.
+  local spool
+  spool=$(mktemp -d /tmp/kit-spool.XXXXXX) || die "cannot create a spool folder in /tmp"
+  ln -sfn "$spool" "$dir/spool" || die "cannot link $dir/spool"
   read -r ctld_port ports <<<"$(free_ports 3)"
   [ -n "$ports" ] || die "cannot find free TCP ports"
   # Job ids decide the trainers' rendezvous port (20000 + id % 10000): start at a random id, so
@@ -111,7 +119,7 @@ cmd_start() {
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
     echo "StateSaveLocation=$dir/state"
-    echo "SlurmdSpoolDir=$dir/spool-%n"
+    echo "SlurmdSpoolDir=$spool/%n"
     echo "SlurmctldPidFile=$dir/slurmctld.pid"
     echo "SlurmdPidFile=$dir/slurmd-%n.pid"
     echo "SlurmctldLogFile=$dir/log/slurmctld.log"
@@ -208,6 +216,13 @@ cmd_stop() {
       *) [ "$(cat "$proc/comm" 2>/dev/null)" = slurmstepd ] && kill -9 "${proc#/proc/}" 2>/dev/null ;;
     esac
   done
+  # The short spool folder of `start` (see there).
+  if [ -L "$dir/spool" ]; then
+    local spool
+    spool=$(readlink "$dir/spool")
+    case $spool in /tmp/kit-spool.*) rm -rf "$spool" ;; esac
+    rm -f "$dir/spool"
+  fi
   return 0
 }
 

@@ -73,14 +73,17 @@ stop_cluster() {
   if [ "${KIT_SLURM_KEEP:-0}" = 1 ]; then
     say "kept $CLUSTER"
   else
-    rm -rf "$CLUSTER"
+    rm -rf "${CLUSTER%%/as-deep-as-*}"
   fi
   CLUSTER=
 }
 
 boot_cluster() {
   need_build
-  CLUSTER=$(mktemp -d "${TMPDIR:-/tmp}/kit-slurm.XXXXXX")
+  # Deep on purpose: a CI clone puts the clusters of check --job deep in its build tree, and
+  # Unix sockets in the cluster's folder would not fit in their 108 bytes (cluster.sh start).
+  CLUSTER=$(mktemp -d "${TMPDIR:-/tmp}/kit-slurm.XXXXXX")/as-deep-as-a-build-tree-of-a-ci-clone/tests/slurm/job-mutants/ntasks-one-node/check/cluster
+  mkdir -p "$CLUSTER" || { say "cannot create $CLUSTER"; exit 1; }
   trap stop_cluster EXIT
   trap 'exit 130' INT TERM
   local rc=0
@@ -118,6 +121,14 @@ submit() {
     case $STATE in
       COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) break ;;
       '') STATE=GONE; break ;;
+      PENDING)  # a job Slurm could not launch is held for an administrator: stop waiting
+        case $(job_field Reason) in launch_failed* | JobHeld*)
+          say "job $JOB is held: $(job_field Reason)"
+          tail -n 15 "$CLUSTER"/log/*.log 2>/dev/null
+          scancel "$JOB" 2>/dev/null
+          STATE=HELD
+          break ;;
+        esac ;;
     esac
     if [ "$waited" -ge $((JOB_TIMEOUT * 5)) ]; then
       # Say what Slurm thought of the job, and what the daemons logged last: a job that never

@@ -54,6 +54,8 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 TASK_VARS = ["SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURMD_NODENAME",
              "MASTER_ADDR", "MASTER_PORT"]
 SRUN_VARS = ["SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"]
+# A pending job with one of these reasons waits for an administrator: no use waiting for it.
+HELD = ("launch_failed_requeued_held", "JobHeld")
 # What every start of the test cluster logs (no PMIx, no saved state yet): not worth a line.
 LOG_NOISE = ("pmix", "MPI:", "state file", "NOTE: Trying backup", "MailProg", "hwloc")
 
@@ -247,6 +249,11 @@ def run_job(cluster, probes, job, script, args, exercise_flags, work):
                 job.info = f  # kept while Slurm still knows the job (it forgets it 2 s after)
             job.state, reason = f.get("JobState", "?"), f.get("Reason", "")
             if job.state in FINAL_STATES:
+                break
+            if reason.startswith(HELD):  # Slurm will not start it again on its own
+                subprocess.run(["scancel", job.id], env=cluster.env(), timeout=30)
+                job.state = f"HELD ({reason})"
+                job.stuck = cluster.log_tails()
                 break
         now = time.monotonic()
         if now > start + JOB_TIMEOUT:
