@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "batches.h"  // kit_test::random_batches (tests/support)
 #include "kit/ddp.h"
 #include "kit/process_group.h"
 
@@ -39,14 +40,8 @@ TORCH_MODULE(TwoPaths);
 
 
 // The global batch of each step; rank r trains on rows [r * kPerRank, (r + 1) * kPerRank).
-// Drawn once, before any rank thread starts: torch's random generator is shared by the threads.
 const torch::Tensor& global_batch(int step) {
-  static const std::vector<torch::Tensor> batches = [] {
-    torch::manual_seed(1000);
-    std::vector<torch::Tensor> out;
-    for (int s = 0; s < kSteps; ++s) out.push_back(torch::randn({kRanks * kPerRank, kIn}));
-    return out;
-  }();
+  static const auto batches = kit_test::random_batches(1000, kSteps, kRanks * kPerRank, kIn);
   return batches.at(static_cast<size_t>(step));
 }
 

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "batches.h"  // kit_test::random_batches (tests/support)
 #include "kit/checkpoint.h"
 #include "kit/ddp.h"
 #include "kit/process_group.h"
@@ -59,15 +60,9 @@ TORCH_MODULE(ThreeLayers);
 const std::vector<std::string> kNames = {"first.weight", "first.bias", "second.weight",
                                          "second.bias", "third.weight", "third.bias"};
 
-// The global batch of step s; rank r trains on rows [r * kPerRank, (r + 1) * kPerRank). Drawn
-// once, before any rank thread starts (torch's generator is shared by the threads).
+// The global batch of step s; rank r trains on rows [r * kPerRank, (r + 1) * kPerRank).
 const torch::Tensor& global_batch(int s) {
-  static const std::vector<torch::Tensor> batches = [] {
-    torch::manual_seed(99);
-    std::vector<torch::Tensor> out;
-    for (int k = 0; k < kSteps; ++k) out.push_back(torch::randn({kRanks * kPerRank, kWidth}));
-    return out;
-  }();
+  static const auto batches = kit_test::random_batches(99, kSteps, kRanks * kPerRank, kWidth);
   return batches.at(static_cast<size_t>(s));
 }
 torch::Tensor shard(int s, int r) { return global_batch(s).narrow(0, r * kPerRank, kPerRank); }
@@ -89,6 +84,7 @@ std::vector<ThreeLayers> same_models(int n) {
 
 // body(rank) on kRanks threads, each with its own group; each rank's exception text, "" if none.
 std::vector<std::string> on_ranks(const std::function<void(int, kit::ProcessGroup&)>& body) {
+  global_batch(0);  // the batches are drawn here, before any rank thread starts
   auto groups = kit::ProcessGroup::local_groups(kRanks, std::chrono::seconds(20));
   std::vector<std::string> errors(kRanks);
   std::vector<std::thread> threads;
