@@ -1,6 +1,7 @@
-// Unit tests of common/kit: collectives, save0, the rank environment, device choice, gradient
-// buckets and the DistributedSampler. Everything runs inside this one process: the collectives
-// use ProcessGroup::local_groups(), one std::thread per rank.
+// Unit tests of common/kit: collectives, save0, the rank environment, device choice and the
+// DistributedSampler (assign_buckets() is tested with DDP, in tests/ddp/ddp_grads_test.cpp).
+// Everything runs inside this one process: the collectives use ProcessGroup::local_groups(), one
+// std::thread per rank.
 //
 // One translation unit on purpose: each TU that includes <torch/torch.h> costs ~20 s to build.
 #include <signal.h>
@@ -24,7 +25,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/buckets.h"
 #include "kit/data_loader.h"
 #include "kit/distributed.h"
 #include "kit/env.h"
@@ -668,94 +668,6 @@ TEST(DeviceFor, MoreRanksThanGpusIsASetupError) {
       std::string msg = e.what();
       EXPECT_NE(msg.find(std::to_string(gpus) + " GPU"), std::string::npos) << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// assign_buckets()
-// ---------------------------------------------------------------------------------------------
-
-size_t total(const std::vector<size_t>& bytes, const std::vector<size_t>& bucket) {
-  size_t s = 0;
-  for (size_t i : bucket) s += bytes[i];
-  return s;
-}
-
-TEST(AssignBuckets, EmptyModelHasNoBuckets) {
-  EXPECT_TRUE(kit::assign_buckets({}, 100, 1000).empty());
-}
-
-TEST(AssignBuckets, ReverseOrderInOneBucketWhenEverythingFits) {
-  auto b = kit::assign_buckets({10, 20, 30, 40}, 1000, 1000);
-  ASSERT_EQ(b.size(), 1u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2, 1, 0}));
-}
-
-TEST(AssignBuckets, SmallFirstBucketThenCappedBuckets) {
-  std::vector<size_t> bytes(10, 100);
-  auto b = kit::assign_buckets(bytes, 250, 400);  // a bucket closes once it holds its limit
-  ASSERT_EQ(b.size(), 3u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{9, 8, 7}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{6, 5, 4, 3}));
-  EXPECT_EQ(b[2], (std::vector<size_t>{2, 1, 0}));
-}
-
-TEST(AssignBuckets, OversizeParameterClosesItsBucketWhole) {
-  auto b = kit::assign_buckets({10, 5000, 10, 10}, 100, 100);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2, 1}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{0}));
-  // Oversize as the very first (last) parameter, too.
-  b = kit::assign_buckets({10, 10, 5000}, 100, 100);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{2}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{1, 0}));
-}
-
-// The order DDP saw in the first backward of an LM: the head's bias, then its weight, then the
-// rest. The head travels whole in the first bucket, its bias with it, never alone.
-TEST(AssignBuckets, GivenOrderIsFollowedAndTheHeadKeepsItsBias) {
-  // embed.weight, encoder, head.weight, head.bias
-  const std::vector<size_t> bytes{16000, 300, 16000, 128};
-  auto b = kit::assign_buckets(bytes, 1000, 25000, {3, 2, 1, 0});
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{1, 0}));
-  EXPECT_EQ(kit::assign_buckets(bytes, 1000, 25000, {1, 0, 3, 2})[0], (std::vector<size_t>{1, 0}));
-  EXPECT_THROW(kit::assign_buckets(bytes, 1000, 25000, {3, 2, 1}), std::invalid_argument);
-  EXPECT_THROW(kit::assign_buckets(bytes, 1000, 25000, {3, 2, 1, 1}), std::invalid_argument);
-  EXPECT_THROW(kit::assign_buckets(bytes, 1000, 25000, {3, 2, 1, 4}), std::invalid_argument);
-}
-
-// Properties on random models and orders: every index exactly once, in the given order (by
-// default reverse parameter order), and a bucket closes exactly when it reaches its limit: every
-// bucket but the last holds at least its limit, and none held it before its last parameter.
-TEST(AssignBuckets, RandomModelsKeepEveryRule) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 500; ++trial) {
-    std::vector<size_t> bytes(1 + rng() % 40);
-    for (auto& x : bytes) x = 1 + rng() % (rng() % 4 == 0 ? 5000 : 300);
-    size_t first = 1 + rng() % 600, cap = 1 + rng() % 2000;
-    std::vector<size_t> want(bytes.size());
-    std::iota(want.rbegin(), want.rend(), size_t{0});
-    const bool shuffled = trial % 2 == 1;
-    if (shuffled) std::shuffle(want.begin(), want.end(), rng);
-    auto buckets = shuffled ? kit::assign_buckets(bytes, first, cap, want)
-                            : kit::assign_buckets(bytes, first, cap);
-
-    std::vector<size_t> order;
-    for (auto& b : buckets) {
-      ASSERT_FALSE(b.empty());
-      order.insert(order.end(), b.begin(), b.end());
-    }
-    ASSERT_EQ(order, want) << "trial " << trial << ": not every index once, in order";
-
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      size_t limit = k == 0 ? first : cap;
-      size_t held = total(bytes, buckets[k]);
-      if (k + 1 < buckets.size()) EXPECT_GE(held, limit) << "trial " << trial;
-      EXPECT_LT(held - bytes[buckets[k].back()], limit) << "trial " << trial << ": closed late";
     }
   }
 }
