@@ -12,8 +12,8 @@
 // time it took to queue the work.
 //
 // Builds kit::TransformerLM with the trainer's default sizes (kit::TrainArgs: d_model 128,
-// 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank, dropout 0.1, AdamW lr 1e-3)
-// (--batch changes the batch per rank: a small batch makes DDP's overhead dominate)
+// 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank (--batch B: B instead; a
+// small batch makes DDP's overhead dominate), dropout 0.1, AdamW lr 1e-3)
 // and trains it on synthetic token batches (uniform random ids, drawn before timing starts; the
 // vocabulary size is the bundled corpus's when --data is given, so the embedding and the head
 // have their real sizes). It runs --warmup untimed steps, then --steps timed steps of
