@@ -234,15 +234,18 @@ def main():
             ("CPU time per step", [a / b for a, b in zip(per("overlap", "cpu_ms_median"),
                                                          per("py_ddp", "cpu_ms_median"))]),
         ]
-        if min(over_py) > 0:
+        # A ratio of overheads means something only when both overheads stood out of the noise.
+        overheads_clear = min(over_py) > 0 and min(over_cpp) > 0
+        if overheads_clear:
             ratios.append(("DDP overhead, overlap", [a / b for a, b in zip(over_cpp, over_py)]))
         for what, v in ratios:
             m = statistics.median(v)
             verdict = ("C++ lower in every repeat" if max(v) < 1 else "C++ higher in every repeat"
                        if min(v) > 1 else "no difference shown (the range includes 1)")
             print("  C++ / PyTorch %-22s %.3f (range %s): %s" % (what, m, spread(v, "%.3f"), verdict))
-        if min(over_py) <= 0:
-            print("  C++ / PyTorch DDP overhead: not a ratio here (PyTorch's overhead reached 0 in a repeat)")
+        if not overheads_clear:
+            print("  C++ / PyTorch DDP overhead: no ratio (an overhead was 0 or less in a repeat: "
+                  "within the noise of the floor)")
         print()
     if args.device == "cpu":
         print("wait ms: C++ DDPStats wait after backward; Python: tail ms (torch DDP has no such counter).")
