@@ -18,13 +18,30 @@
 #include "kit/trace.h"
 
 namespace kit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Parameter `like`'s gradient as a window on `flat` at `offset` (in elements): the same memory,
+// no copy. Made with set_() rather than flat.narrow(...).view(...): autograd would mark a narrow()
+// as a view of `flat`, and the optimizers' zero_grad() calls grad.detach_(), which autograd
+// refuses on views.
+torch::Tensor window(const torch::Tensor& flat, int64_t offset, const torch::Tensor& like) {
+  return torch::empty({0}, flat.options())
+      .set_(flat.storage(), flat.storage_offset() + offset, like.sizes());
+}
+
+}  // namespace
 
 struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> {
   struct Bucket {
-    std::vector<size_t> params;   // parameter indices
-    std::vector<int64_t> offset;  // where each one's gradient sits in `flat`
-    torch::Tensor flat;           // all gradients of the bucket, back to back
-    size_t pending = 0;           // gradients not yet copied in this step
+    std::vector<size_t> params;   // parameter indices, in the order their gradients arrive
+    torch::Tensor flat;           // all their gradients, back to back: what the all-reduce sends
+    size_t pending = 0;           // gradients not yet complete in this step
     std::unique_ptr<Work> work;   // the all-reduce in flight
   };
 
@@ -32,23 +49,79 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::shared_ptr<ProcessGroup> keep_group;  // the default group stays valid (closed, not freed)
   Options options;
   std::vector<torch::Tensor> params;
-  std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
+  std::vector<size_t> bytes;                     // of each parameter's gradient
+  std::vector<size_t> bucket_of;                 // param -> its bucket
+  std::vector<torch::Tensor> windows;            // param -> its gradient's place in its bucket
   std::vector<Bucket> buckets;
   std::vector<std::vector<size_t>> assignment;   // buckets[k].params, for buckets()
+  int64_t bucket_bytes = 0;                      // all buckets together
   std::vector<compat::NodePtr> accumulators;  // keep them alive
   std::vector<uintptr_t> hook_keys;
   std::vector<bool> ready;
+  std::vector<size_t> arrived;   // the order of the gradients in the first backward (overlap only)
   size_t next_launch = 0;        // buckets start strictly in order, the same on every rank
   bool sync = true;              // false inside no_sync(): backward stays local
   bool finalizer_queued = false;
+  Clock::time_point first_launch;
+  double copy_seconds = 0;       // this step's
   DDPStats stats;
   std::mutex mutex;
 
+  // Lays the buckets out (construction, and once more at the rebuild). A gradient that exists
+  // already (made before DDP, or living in the old buckets) moves into its new place.
+  void make_buckets(std::vector<std::vector<size_t>> layout) {
+    torch::NoGradGuard no_grad;
+    std::vector<Bucket> fresh;
+    bucket_bytes = 0;
+    for (auto& indices : layout) {
+      Bucket b;
+      int64_t size = 0;
+      for (size_t i : indices) size += params[i].numel();
+      b.flat = torch::zeros({size}, params[0].options().requires_grad(false));
+      int64_t at = 0;
+      for (size_t i : indices) {
+        bucket_of[i] = fresh.size();
+        windows[i] = window(b.flat, at, params[i]);
+        at += params[i].numel();
+        auto& grad = params[i].mutable_grad();
+        if (grad.defined()) {
+          windows[i].copy_(grad);
+          grad = windows[i];
+        }
+      }
+      b.params = indices;
+      b.pending = indices.size();
+      bucket_bytes += size * b.flat.element_size();
+      fresh.push_back(std::move(b));
+    }
+    buckets = std::move(fresh);
+    assignment = std::move(layout);
+    stats.buckets = static_cast<int64_t>(buckets.size());
+  }
+
   void launch_ready_buckets() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      if (next_launch == 0) first_launch = Clock::now();
       Bucket& b = buckets[next_launch++];
       b.work = std::make_unique<Work>(group->all_reduce_async({b.flat}, ReduceOp::AVG));
+      stats.all_reduces++;
     }
+  }
+
+  // Makes sure parameter i's gradient is in its bucket. Usually it is already: autograd added
+  // this step's gradient into the window in place, and there is nothing to do. It is not after
+  // zero_grad() set .grad to none (autograd then hands over a tensor of its own), when user code
+  // replaced .grad, or for a parameter without a gradient (zeros: every rank must send something).
+  void into_bucket(size_t i) {
+    auto& grad = params[i].mutable_grad();
+    const torch::Tensor& place = windows[i];
+    if (grad.defined() && grad.data_ptr() == place.data_ptr()) return;
+    auto start = Clock::now();
+    torch::NoGradGuard no_grad;
+    if (grad.defined()) place.copy_(grad);
+    else place.zero_();
+    grad = place;  // from now on autograd accumulates in place
+    copy_seconds += seconds_since(start);
   }
 
   // Called by autograd right after parameter i's gradient was accumulated into .grad.
@@ -65,18 +138,9 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     }
     if (ready[i]) return;  // the same parameter used twice: its hook fires once per use
     ready[i] = true;
-    auto [bi, slot] = where[i];
-    Bucket& b = buckets[bi];
-    copy_in(b, slot, i);
-    if (--b.pending == 0 && options.overlap) launch_ready_buckets();
-  }
-
-  void copy_in(Bucket& b, size_t slot, size_t i) {
-    torch::NoGradGuard no_grad;
-    auto grad = params[i].grad();
-    auto dst = b.flat.narrow(0, b.offset[slot], params[i].numel());
-    if (grad.defined()) dst.copy_(grad.reshape(-1));
-    else dst.zero_();
+    if (options.overlap && !stats.rebuilt) arrived.push_back(i);
+    into_bucket(i);
+    if (--buckets[bucket_of[i]].pending == 0 && options.overlap) launch_ready_buckets();
   }
 
   // End of backward: every rank must contribute every bucket, even with a parameter that got no
@@ -85,24 +149,16 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     std::lock_guard<std::mutex> lock(mutex);
     for (size_t i = 0; i < params.size(); ++i)
       if (!ready[i]) {
-        auto [bi, slot] = where[i];
-        copy_in(buckets[bi], slot, i);
+        into_bucket(i);
         ready[i] = true;
-        --buckets[bi].pending;
+        --buckets[bucket_of[i]].pending;
       }
     launch_ready_buckets();
-    auto start = std::chrono::steady_clock::now();
-    for (auto& b : buckets) b.work->wait();
-    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    auto start = Clock::now();
+    for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
+    const double waited = seconds_since(start);
 
-    torch::NoGradGuard no_grad;
     for (auto& b : buckets) {
-      for (size_t slot = 0; slot < b.params.size(); ++slot) {
-        auto& p = params[b.params[slot]];
-        auto avg = b.flat.narrow(0, b.offset[slot], p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(avg);
-        else p.mutable_grad() = avg.clone();
-      }
       b.pending = b.params.size();
       b.work.reset();
     }
@@ -112,9 +168,36 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     stats.steps++;
     stats.wait_seconds += waited;
     stats.last_wait_seconds = waited;
+    stats.last_copy_seconds = copy_seconds;
+    stats.last_reduce_seconds = seconds_since(first_launch);
+    stats.last_reduce_bytes = bucket_bytes;
+    copy_seconds = 0;
     if (trace::enabled())
       trace::record("ddp_step", "step=" + std::to_string(stats.steps) +
                                     " wait_us=" + std::to_string(static_cast<int64_t>(waited * 1e6)));
+    if (options.overlap && !stats.rebuilt) rebuild_buckets();
+  }
+
+  // After the first backward: buckets in the order the gradients really arrived, so that each
+  // one is complete as early as possible (the guess, reverse parameter order, can be wrong: an LM
+  // head's bias arrives before its weight). Every rank must build the same buckets, and the
+  // arrival order may differ between ranks (a branch taken on one rank only), so all take rank
+  // 0's: one broadcast, once. Parameters that got no gradient go last. The averaged gradients of
+  // this step move along into the new buckets (the optimizer has not used them yet).
+  void rebuild_buckets() {
+    std::vector<int64_t> order(arrived.begin(), arrived.end());
+    std::vector<bool> seen(params.size(), false);
+    for (size_t i : arrived) seen[i] = true;
+    for (size_t i = params.size(); i-- > 0;)
+      if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    auto wire = torch::tensor(order, torch::kLong).to(params[0].device());
+    group->broadcast(wire, 0);
+    wire = wire.cpu();
+    std::vector<size_t> agreed(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + wire.numel());
+    make_buckets(assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes, agreed));
+    stats.rebuilt = true;
+    arrived.clear();
+    if (trace::enabled()) trace::record("ddp_rebuild", "buckets=" + std::to_string(buckets.size()));
   }
 };
 
@@ -173,30 +256,17 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
   }
 
-  // 2. Buckets, from the last parameter backwards (kit/buckets.h).
-  std::vector<size_t> bytes;
+  // 2. Buckets, from the last parameter backwards (kit/buckets.h), until the first backward
+  //    shows the real order.
   for (auto& p : r.params) {
     TORCH_CHECK(p.scalar_type() == r.params[0].scalar_type() && p.device() == r.params[0].device(),
                 "DistributedDataParallel: all parameters must share one dtype and device");
-    bytes.push_back(static_cast<size_t>(p.numel() * p.element_size()));
+    r.bytes.push_back(static_cast<size_t>(p.numel() * p.element_size()));
   }
-  r.where.resize(r.params.size());
-  r.assignment = assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes);
-  for (auto& indices : r.assignment) {
-    Reducer::Bucket b;
-    int64_t size = 0;
-    for (size_t slot = 0; slot < indices.size(); ++slot) {
-      r.where[indices[slot]] = {r.buckets.size(), slot};
-      b.offset.push_back(size);
-      size += r.params[indices[slot]].numel();
-    }
-    b.params = indices;
-    b.pending = indices.size();
-    b.flat = torch::zeros({size}, r.params[0].options().requires_grad(false));
-    r.buckets.push_back(std::move(b));
-  }
+  r.bucket_of.resize(r.params.size());
+  r.windows.resize(r.params.size());
+  r.make_buckets(assign_buckets(r.bytes, options.first_bucket_bytes, options.bucket_cap_bytes));
   r.ready.assign(r.params.size(), false);
-  r.stats.buckets = static_cast<int64_t>(r.buckets.size());
 
   // 3. One hook per parameter, on the node that accumulates its gradient.
   for (size_t i = 0; i < r.params.size(); ++i) {

@@ -8,12 +8,22 @@
 //  * During every backward, each rank's gradients are averaged over all ranks. After backward
 //    every replica holds the same gradient, the optimizer makes the same update everywhere, and
 //    the replicas stay identical without ever sending weights again.
-//  * Averaging is bucketed and overlapped with backward: a hook on each parameter copies its
-//    gradient into a bucket as soon as autograd has produced it; a full bucket starts its
-//    all-reduce in the background while backward carries on with earlier layers. At the end of
-//    backward we wait for the buckets still in flight and copy the averages back into .grad.
-//    Options{.overlap = false} keeps the simple version: one all-reduce per bucket after
-//    backward, for teaching and for comparison.
+//  * Averaging is bucketed and overlapped with backward: each gradient lives in a bucket, a flat
+//    buffer shared with other parameters' gradients (param.grad() is a window on it, as with
+//    PyTorch's gradient_as_bucket_view). Autograd adds each step's gradient into that window in
+//    place, so nothing is copied into or out of the buckets. A hook on each parameter tells us when
+//    its gradient is complete; a full bucket starts its all-reduce in the background while
+//    backward carries on with earlier layers, and the all-reduce leaves the average right where
+//    .grad looks. At the end of backward we wait for the buckets still in flight.
+//  * Buckets are first filled in reverse parameter order (a guess: backward starts at the last
+//    layer). The first backward records the order the gradients really arrive in; after it, the
+//    buckets are rebuilt in rank 0's order (kit/buckets.h), so that each one fills up as early as
+//    possible. Options{.overlap = false} keeps the simple version: one all-reduce per bucket
+//    after backward, no rebuild (the order only matters when buckets leave during backward), for
+//    teaching and for comparison.
+//  * optimizer.zero_grad() (set_to_none) drops the window: the next backward's gradient then
+//    arrives in a tensor of autograd's own, is copied into the bucket once, and .grad becomes the
+//    window again. zero_grad(false) zeroes the window in place and skips that copy.
 //
 // Load weights into a wrapped model by copying values (param.copy_(...), as kit/checkpoint.h
 // does), not with Module::load / torch::load: those re-seat the parameters, which replaces the
@@ -36,9 +46,15 @@ namespace kit {
 
 struct DDPStats {
   int64_t steps = 0;               // backward passes reduced
-  int64_t buckets = 0;             // buckets per step
+  int64_t buckets = 0;             // buckets per step (after the rebuild: the rebuilt ones)
+  int64_t all_reduces = 0;         // bucket all-reduces started, all steps together
+  bool rebuilt = false;            // buckets re-made in the order the gradients arrived
   double wait_seconds = 0;         // total time spent, after backward, waiting for all-reduces
-  double last_wait_seconds = 0;
+  // The last step's parts (the benchmark prints them):
+  double last_wait_seconds = 0;    // after backward, waiting for the all-reduces in flight
+  double last_copy_seconds = 0;    // copying gradients into buckets (0 when they were in place)
+  double last_reduce_seconds = 0;  // first all-reduce started -> the last one seen finished
+  int64_t last_reduce_bytes = 0;   // bytes all-reduced
 };
 
 // DistributedDataParallel::Options (declared outside the class so that a default argument can
@@ -88,7 +104,8 @@ class DistributedDataParallel {
   [[nodiscard]] NoSync no_sync();
 
   const DDPStats& stats() const;
-  // Parameter indices per bucket, in launch order (see kit/buckets.h).
+  // Parameter indices per bucket, in launch order (see kit/buckets.h); after the first backward
+  // with overlap, the rebuilt buckets.
   const std::vector<std::vector<size_t>>& buckets() const;
 
  private:

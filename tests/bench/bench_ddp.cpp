@@ -12,7 +12,8 @@
 // time it took to queue the work.
 //
 // Builds kit::TransformerLM with the trainer's default sizes (kit::TrainArgs: d_model 128,
-// 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank, dropout 0.1, AdamW lr 1e-3)
+// 4 heads, 2 layers, feed-forward 256, seq_len 64, batch 16 per rank (--batch B: B instead; a
+// small batch makes DDP's overhead dominate), dropout 0.1, AdamW lr 1e-3)
 // and trains it on synthetic token batches (uniform random ids, drawn before timing starts; the
 // vocabulary size is the bundled corpus's when --data is given, so the embedding and the head
 // have their real sizes). It runs --warmup untimed steps, then --steps timed steps of
@@ -34,6 +35,14 @@
 //   tail_ms   from the last parameter gradient produced by autograd to the return of backward():
 //             the same definition as bench_ddp.py uses for torch's DDP, which exposes no wait
 //             time (it includes the last copies into/out of the buckets besides the wait)
+//   copy_ms   DDPStats::last_copy_seconds: copying gradients into the buckets (the kit copies
+//             nothing out: .grad is a window on the bucket)
+//   reduce_ms DDPStats::last_reduce_seconds: from the first bucket's all-reduce started to the
+//             last one seen finished (by the wait after backward), i.e. the all-reduces' wall time
+//             including any backward computation they overlapped; reduce_bytes: bytes per step
+//   loopback_ms / loopback_mb_per_s: after the timed steps, one all-reduce (SUM) of reduce_bytes
+//             alone, without backward around it (median of 10): what Gloo moves over loopback on
+//             this machine at this moment, the yardstick for reduce_bytes / reduce_ms
 // The tensor hooks that time tail_ms run on the backward thread and only read a clock.
 //
 // This is a benchmark, not a test: nothing here asserts a time.
@@ -78,6 +87,7 @@ struct BenchArgs {
   int64_t vocab = 0;        // 0: the corpus's (or 10000 without --data)
   int64_t steps = 30;
   int64_t warmup = 5;
+  int64_t batch = 0;        // per rank; 0: the trainer's default
   int overlap = 1;
   int threads = 0;          // 0: what kit::setup() chose (OMP_NUM_THREADS or cores / local ranks)
   std::string ddp = "auto"; // auto: DDP when world_size > 1; on; off
@@ -88,7 +98,7 @@ struct BenchArgs {
 
 [[noreturn]] void usage(const char* prog, int code) {
   std::fprintf(code ? stderr : stdout,
-               "usage: %s [--steps N] [--warmup N] [--overlap 0|1] [--threads T] [--vocab V]\n"
+               "usage: %s [--steps N] [--warmup N] [--batch B] [--overlap 0|1] [--threads T] [--vocab V]\n"
                "          [--data DIR] [--ddp auto|on|off] [--device auto|cpu|cuda] [--name NAME]\n"
                "          [--first-bucket-mb X] [--bucket-cap-mb X] [--print-vocab]\n",
                prog);
@@ -124,6 +134,7 @@ BenchArgs parse(int argc, char** argv) {
     else if (flag == "--vocab") a.vocab = static_cast<int64_t>(num(0));
     else if (flag == "--steps") a.steps = static_cast<int64_t>(num(1));
     else if (flag == "--warmup") a.warmup = static_cast<int64_t>(num(0));
+    else if (flag == "--batch") a.batch = static_cast<int64_t>(num(1));
     else if (flag == "--overlap") a.overlap = num(0) != 0;
     else if (flag == "--threads") a.threads = static_cast<int>(num(0));
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = num(0);
@@ -165,6 +176,7 @@ std::vector<double> over_ranks(const std::vector<double>& mine, kit::ReduceOp op
 int main(int argc, char** argv) {
   BenchArgs args = parse(argc, argv);
   const kit::TrainArgs train;  // the trainer's defaults: the sizes we benchmark
+  const int64_t batch = args.batch > 0 ? args.batch : train.batch_size;
 
   int64_t vocab = args.vocab;
   if (vocab == 0) vocab = args.data_dir.empty() ? 10000 : kit::load_wikitext2(args.data_dir).vocab.size();
@@ -226,10 +238,10 @@ int main(int argc, char** argv) {
   auto gen = torch::make_generator<at::CPUGeneratorImpl>(1234 + rank);
   std::vector<torch::Tensor> pool;
   for (int i = 0; i < 8; ++i)
-    pool.push_back(torch::randint(vocab, {train.batch_size, train.seq_len + 1}, gen,
+    pool.push_back(torch::randint(vocab, {batch, train.seq_len + 1}, gen,
                                   torch::TensorOptions().dtype(torch::kLong)).to(device));
 
-  std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms, wait_ms, tail_ms, cpu_ms;
+  std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms, wait_ms, tail_ms, cpu_ms, copy_ms, reduce_ms;
   double loss_sum = 0;
   if (distributed) kit::barrier();  // start the clock together
   for (int64_t s = 0; s < args.warmup + args.steps; ++s) {
@@ -259,6 +271,8 @@ int main(int argc, char** argv) {
     const double waited = ddp ? ddp->stats().last_wait_seconds * 1e3 : 0.0;
     wait_ms.push_back(ddp && device.is_cuda() ? tail_ms.back() : waited);
     cpu_ms.push_back(cpu);
+    copy_ms.push_back(ddp ? ddp->stats().last_copy_seconds * 1e3 : 0.0);
+    reduce_ms.push_back(ddp ? ddp->stats().last_reduce_seconds * 1e3 : 0.0);
     loss_sum += loss.item<double>();
   }
 
@@ -269,8 +283,26 @@ int main(int argc, char** argv) {
   auto wait = over_ranks(wait_ms, kit::ReduceOp::AVG, distributed, device);
   auto tail = over_ranks(tail_ms, kit::ReduceOp::AVG, distributed, device);
   auto cpu = over_ranks(cpu_ms, kit::ReduceOp::AVG, distributed, device);
+  auto copy = over_ranks(copy_ms, kit::ReduceOp::AVG, distributed, device);
+  auto reduce = over_ranks(reduce_ms, kit::ReduceOp::AVG, distributed, device);
+  const int64_t reduce_bytes = ddp ? ddp->stats().last_reduce_bytes : 0;
+
+  // Gloo's (NCCL's) own speed here and now: the same bytes in one all-reduce, nothing around it.
+  std::vector<double> loopback_ms;
+  if (ddp && distributed) {
+    auto flat = torch::zeros({reduce_bytes / 4}, torch::TensorOptions().device(device));
+    for (int k = 0; k < 12; ++k) {
+      sync();
+      auto t = Clock::now();
+      kit::all_reduce(flat, kit::ReduceOp::SUM);
+      sync();
+      if (k >= 2) loopback_ms.push_back(ms_since(t));  // 2 to warm up
+    }
+    loopback_ms = over_ranks(loopback_ms, kit::ReduceOp::MAX, distributed, device);
+  }
+  const double loopback = median(loopback_ms);
   double step_med = median(step);
-  double samples_per_s = step_med > 0 ? 1e3 * train.batch_size * world_size / step_med : 0;
+  double samples_per_s = step_med > 0 ? 1e3 * batch * world_size / step_med : 0;
 
   std::ostringstream line;
   line.setf(std::ios::fixed);
@@ -279,7 +311,7 @@ int main(int argc, char** argv) {
        << " ranks=" << world_size
        << " threads=" << torch::get_num_threads() << " ddp=" << (ddp ? 1 : 0)
        << " overlap=" << (ddp ? args.overlap : 0) << " steps=" << args.steps
-       << " warmup=" << args.warmup << " batch=" << train.batch_size
+       << " warmup=" << args.warmup << " batch=" << batch
        << " seq_len=" << train.seq_len << " vocab=" << vocab << " params=" << n_params
        << " buckets=" << (ddp ? bucket_sizes : std::string("-"))
        << " step_ms_median=" << step_med << " step_ms_min=" << *std::min_element(step.begin(), step.end())
@@ -287,7 +319,11 @@ int main(int argc, char** argv) {
        << " opt_ms_median=" << median(opt) << " wait_ms_median=" << median(wait)
        << " tail_ms_median=" << median(tail) << " cpu_ms_median=" << median(cpu)
        << " samples_per_s=" << samples_per_s
-       << " loss_mean=" << loss_sum / static_cast<double>(args.steps) << "\n";
+       << " loss_mean=" << loss_sum / static_cast<double>(args.steps)
+       << " copy_ms_median=" << median(copy) << " reduce_ms_median=" << median(reduce)
+       << " reduce_bytes=" << reduce_bytes << " loopback_ms_median=" << loopback
+       << " loopback_mb_per_s=" << (loopback > 0 ? reduce_bytes / 1048576.0 / (loopback / 1e3) : 0.0)
+       << "\n";
   kit::print0("%s", line.str().c_str());
   kit::destroy_process_group();
   return 0;

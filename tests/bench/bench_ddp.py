@@ -27,6 +27,17 @@ Output: one BENCH line on rank 0, the same fields as bench_ddp.cpp. torch's DDP 
 gradient autograd produced (a tensor hook) to the return of loss.backward(), which is where
 torch's reducer waits for its buckets and copies the averages back into .grad.
 
+The overhead parts, as bench_ddp.cpp prints them (see its header for the kit's side):
+  copy_ms    torch's DDP copies every gradient into its bucket (dividing by the world size) and,
+             after the all-reduce, back into .grad; it has no counter for that, so this is an
+             estimate: the same two copies replayed on this run's gradients after the timed steps
+             (median of 10);
+  reduce_ms  torch's own "backward_comm_time" (DDP logging data): first bucket's all-reduce started
+             to the last one finished, the kit's definition too. Recorded for every step because
+             the run sets the logging sample rate to 1 (default: the first 10 iterations, then
+             every 100th), a few clock reads per step;
+  loopback_ms / loopback_mb_per_s: one all-reduce (SUM) of the gradients' bytes alone.
+
 --device as bench_ddp.cpp: auto (cuda:LOCAL_RANK and NCCL where a GPU is visible, else the CPU
 and Gloo), cpu (the GPUs hidden), or cuda (exit 2 without a GPU). On a GPU the clock is read after
 torch.cuda.synchronize(), as on the C++ side, and DDP gets device_ids=[LOCAL_RANK].
@@ -85,6 +96,7 @@ def main():
     p.add_argument("--vocab", type=int, default=10000)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=BATCH, help="batch per rank")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads (0: OMP_NUM_THREADS, else cores / local ranks)")
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto")
@@ -134,13 +146,14 @@ def main():
     if use_ddp:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
                                                   broadcast_buffers=False)
+        net._set_ddp_runtime_logging_sample_rate(1)  # backward_comm_time for every step
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
 
     gen = torch.Generator().manual_seed(1234 + rank)
-    pool = [torch.randint(args.vocab, (BATCH, SEQ_LEN + 1), generator=gen).to(device)
+    pool = [torch.randint(args.vocab, (args.batch, SEQ_LEN + 1), generator=gen).to(device)
             for _ in range(8)]
 
-    rows = {k: [] for k in ("step", "fwd", "bwd", "opt", "tail", "cpu")}
+    rows = {k: [] for k in ("step", "fwd", "bwd", "opt", "tail", "cpu", "reduce")}
     loss_sum = 0.0
     if distributed:
         dist.barrier()
@@ -170,6 +183,9 @@ def main():
         rows["tail"].append((t2 - last_grad[0]) * 1e3)
         rows["cpu"].append((c3 - c0) * 1e3)
         loss_sum += loss.item()
+        if use_ddp:
+            # DDP logs a step's times at the next forward: this is the previous step's.
+            rows["reduce"].append(net._get_ddp_logging_data().get("backward_comm_time", 0) / 1e6)
 
     def over_ranks(values, op):
         if not distributed:
@@ -178,8 +194,45 @@ def main():
         dist.all_reduce(t, op=op)
         return (t / world if op == dist.ReduceOp.SUM else t).tolist()
 
+    grads = [q.grad for q in model.parameters() if q.grad is not None]
+    reduce_bytes = sum(g.numel() * g.element_size() for g in grads) if use_ddp else 0
+    copy_ms, loopback_ms = [0.0], [0.0]
+    if use_ddp:
+        # torch DDP's copies, replayed: into one flat bucket (divided by the world size), and back.
+        flat = torch.empty(reduce_bytes // 4, device=device)
+        views, at = [], 0
+        for g in grads:
+            views.append(flat[at:at + g.numel()].view_as(g))
+            at += g.numel()
+        copy_ms = []
+        for _ in range(10):
+            sync()
+            t = time.perf_counter()
+            for g, v in zip(grads, views):
+                torch.mul(g, 1.0 / world, out=v)
+            for g, v in zip(grads, views):
+                g.copy_(v)
+            sync()
+            copy_ms.append((time.perf_counter() - t) * 1e3)
+    if use_ddp and distributed:
+        flat = torch.zeros(reduce_bytes // 4, device=device)
+        loopback_ms = []
+        for k in range(12):
+            sync()
+            t = time.perf_counter()
+            dist.all_reduce(flat)
+            sync()
+            if k >= 2:  # 2 to warm up
+                loopback_ms.append((time.perf_counter() - t) * 1e3)
+        loopback_ms = over_ranks(loopback_ms, dist.ReduceOp.MAX)
+    rows["copy"] = copy_ms
+    if not rows["reduce"]:
+        rows["reduce"] = [0.0]
+    loopback = statistics.median(loopback_ms)
+
     step = over_ranks(rows["step"], dist.ReduceOp.MAX)
-    med = {k: statistics.median(over_ranks(rows[k], dist.ReduceOp.SUM)) for k in ("fwd", "bwd", "opt", "tail", "cpu")}
+    med = {k: statistics.median(over_ranks(rows[k], dist.ReduceOp.SUM))
+           for k in ("fwd", "bwd", "opt", "tail", "cpu", "copy", "reduce")}
     step_med = statistics.median(step)
     if rank == 0:
         buckets = "-"
@@ -195,11 +248,15 @@ def main():
         print("BENCH impl=py name=%s device=%s ranks=%d threads=%d ddp=%d overlap=%d steps=%d warmup=%d "
               "batch=%d seq_len=%d vocab=%d params=%d buckets=%s step_ms_median=%.3f "
               "step_ms_min=%.3f fwd_ms_median=%.3f bwd_ms_median=%.3f opt_ms_median=%.3f "
-              "wait_ms_median=%.3f tail_ms_median=%.3f cpu_ms_median=%.3f samples_per_s=%.3f loss_mean=%.3f" % (
+              "wait_ms_median=%.3f tail_ms_median=%.3f cpu_ms_median=%.3f samples_per_s=%.3f loss_mean=%.3f "
+              "copy_ms_median=%.3f reduce_ms_median=%.3f reduce_bytes=%d loopback_ms_median=%.3f "
+              "loopback_mb_per_s=%.3f" % (
                   args.name, device.type, world, torch.get_num_threads(), int(use_ddp), int(use_ddp),
-                  args.steps, args.warmup, BATCH, SEQ_LEN, args.vocab, n_params, buckets,
+                  args.steps, args.warmup, args.batch, SEQ_LEN, args.vocab, n_params, buckets,
                   step_med, min(step), med["fwd"], med["bwd"], med["opt"], med["tail"],
-                  med["tail"], med["cpu"], 1e3 * BATCH * world / step_med, loss_sum / args.steps),
+                  med["tail"], med["cpu"], 1e3 * args.batch * world / step_med, loss_sum / args.steps,
+                  med["copy"], med["reduce"], reduce_bytes, loopback,
+                  reduce_bytes / 1048576 / (loopback / 1e3) if loopback > 0 else 0.0),
               flush=True)
     if distributed or use_ddp:
         # Leave without tearing torch's DDP down: in 1.13, destroying the Reducer (at interpreter

@@ -1,31 +1,32 @@
 #!/usr/bin/env python3
-"""run_bench.py -- the DDP benchmark of issue 2: runs the configurations, prints a table.
+"""run_bench.py -- the DDP benchmark (issues 2 and 14): runs the configurations, prints the table,
+the DDP overhead over the compute floor with its parts, and the C++ / PyTorch ratios with their
+spread.
 
     run_bench.py --bench build/bin/bench_ddp --ddprun build/bin/ddprun --data build/data/wikitext-2
     (or: cmake --build build --target bench)
     --vocab 33278 instead of --data: the real WikiText-2 vocabulary size
 
-Configurations (each run --repeats times, interleaved, so that a burst of load on the machine
-hits all of them alike; a figure is the median over the repeats of each run's median step):
-    cpp 1x2            one process, 2 intra-op threads, no DDP (the baseline)
-    cpp 2x1 overlap    2 ranks x 1 thread, kit::DistributedDataParallel, all-reduce during backward
-    cpp 2x1 no-overlap 2 ranks x 1 thread, one all-reduce per bucket after backward
-    py  2x1 DDP        2 ranks x 1 thread, torch.nn.parallel.DistributedDataParallel (Gloo)
-and, unless --no-extra:
-    py  1x2            the Python baseline
-    cpp 2x1 overlap, head bucket   only when the LM head is larger than 1 MiB: kit DDP with a
-                       first bucket large enough for the head, i.e. the first bucket torch's DDP
-                       ends up with after its bucket rebuild (see the README)
+Configurations, each run --repeats times, interleaved (repeat 1 of every configuration, then
+repeat 2, ...), so that a burst of load on the machine hits all of them alike:
+    cpp 2x1 floor (no DDP)  2 ranks x 1 thread computing at once, nothing averaged (--ddp off):
+                            the compute floor of the C++ side
+    cpp 2x1 overlap         kit::DistributedDataParallel, all-reduce during backward
+    cpp 2x1 no-overlap      the teaching variant: one all-reduce per bucket after backward
+    py  2x1 floor (no DDP)  the floor of the Python side
+    py  2x1 DDP             torch.nn.parallel.DistributedDataParallel (Gloo)
+and, unless --no-extra, the single process with 2 threads (cpp 1x2, py 1x2). With --small-batch B
+(default 2; 0: none) the first five again at B sequences per rank, where the overhead dominates.
+
+Per configuration the table gives the median over the repeats of each run's median step. The
+overhead of DDP is, per repeat, its step time minus the floor of the same repeat and side; the
+ratios C++ / PyTorch (step time, overhead) are taken per repeat, and printed as the median with
+the range over the repeats: a ratio whose range includes 1 shows no difference.
 
 With --device cuda (a GPU node): every process on a GPU, NCCL instead of Gloo, --ranks GPU
-ranks (default 1: kit DDP and torch DDP each on a world of one GPU), one intra-op thread per
-process on both sides:
-    cpp 1 GPU, no DDP        the baseline
-    cpp DDP 1 GPU overlap    kit::DistributedDataParallel (NCCL), all-reduce during backward
-    cpp DDP 1 GPU no-overlap one all-reduce per bucket after backward
-    py DDP 1 GPU             torch DDP (NCCL, device_ids=[LOCAL_RANK])
-and the extras as above. On a GPU both implementations report the tail as the wait (see
-bench_ddp.cpp): NCCL's wait() does not block the CPU, so the kit's DDPStats has nothing to say.
+ranks (default 1: kit DDP and torch DDP each on a world of one GPU, the floor one process
+without DDP), one intra-op thread per process on both sides. On a GPU both implementations
+report the tail as the wait (see bench_ddp.cpp): NCCL's wait() does not block the CPU.
 
 Only the Python standard library here; the torch side runs under --python (the bench target passes
 the Python whose torch is the build's LibTorch).
@@ -69,8 +70,10 @@ def main():
                     help="python whose torch is the C++ side's LibTorch (default: this one)")
     ap.add_argument("--steps", type=int, default=int(os.environ.get("BENCH_STEPS", 30)))
     ap.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 5)))
-    ap.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 3)))
-    ap.add_argument("--no-extra", action="store_true", help="only the 4 configurations of issue 2")
+    ap.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 5)))
+    ap.add_argument("--small-batch", type=int, default=int(os.environ.get("BENCH_SMALL_BATCH", 2)),
+                    help="also run floor and DDP at this batch per rank (0: do not)")
+    ap.add_argument("--no-extra", action="store_true", help="without the single-process runs")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     ap.add_argument("--log", default="", help="append every BENCH line to this file")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -89,49 +92,52 @@ def main():
     # The DDP runs ask for DDP even on a world of one (a single GPU rank).
     ddp_on = ["--ddp", "on"]
 
-    # Labels by role. On the CPU: ranks x 1 thread, the single process with `ranks` threads
-    # ("cpp 2x1 overlap", "cpp 1x2"); on GPUs one thread per process ("cpp DDP 1 GPU overlap").
+    # Configurations by role, for the default batch and (--small-batch) a small one. On the CPU:
+    # `ranks` processes x 1 thread ("cpp 2x1 overlap"), and the single process with `ranks` threads
+    # ("cpp 1x2"); on GPUs one thread per process ("cpp 1 GPU overlap").
     if args.device == "cpu":
         shape, base_threads, rank_threads = "%dx1" % ranks, ranks, 1
-        role = {"base": "cpp 1x%d" % ranks, "overlap": "cpp %s overlap" % shape,
-                 "no_overlap": "cpp %s no-overlap" % shape, "py_ddp": "py %s DDP" % shape,
-                 "py_base": "py 1x%d" % ranks, "head": "cpp %s overlap, head bucket" % shape}
-        name = "%dx1" % ranks
+        name = shape
     else:
         shape, base_threads, rank_threads = "%d GPU" % ranks, 1, 1
-        role = {"base": "cpp 1 GPU, no DDP", "overlap": "cpp DDP %s overlap" % shape,
-                 "no_overlap": "cpp DDP %s no-overlap" % shape, "py_ddp": "py DDP %s" % shape,
-                 "py_base": "py 1 GPU, no DDP", "head": "cpp DDP %s overlap, head bucket" % shape}
         name = "gpu%d" % ranks
     bt, rt = str(base_threads), str(rank_threads)
+    # The compute floor: every rank computes exactly as under DDP (same ranks, threads, batch,
+    # all at once), but nothing is averaged: --ddp off. On one GPU rank, that is one process.
+    floor_cmd = ddp_n if ranks > 1 else []
+    cpu = args.device == "cpu"
 
-    # (label, threads per process, command)
-    configs = [
-        (role["base"], base_threads,
-         [args.bench, "--threads", bt, "--ddp", "off", "--name", "cpp1x%s" % bt] + common),
-        (role["overlap"], rank_threads,
-         ddp_n + [args.bench, "--threads", rt, "--overlap", "1", "--name", "cpp%s-overlap" % name]
-         + ddp_on + common),
-        (role["no_overlap"], rank_threads,
-         ddp_n + [args.bench, "--threads", rt, "--overlap", "0", "--name", "cpp%s-no-overlap" % name]
-         + ddp_on + common),
-        (role["py_ddp"], rank_threads,
-         ddp_n + py + ["--threads", rt, "--name", "py%s-ddp" % name] + ddp_on + common),
-    ]
-    if not args.no_extra:
-        # The LM head (vocab x (d_model + 1) floats) plus 0.5 MiB: the whole head in bucket 0.
-        head_mb = (vocab * 129 * 4) / 1048576 + 0.5
-        configs.append((role["py_base"], base_threads,
-                        py + ["--threads", bt, "--ddp", "off", "--name", "py1x%s" % bt] + common))
-    if not args.no_extra and vocab * (128 + 1) * 4 > 1 << 20:
-        # The head does not fit the kit's 1 MiB first bucket (see the README): what a first
-        # bucket holding it, as torch's DDP gets after its bucket rebuild, changes.
-        configs += [
-            (role["head"], rank_threads,
-             ddp_n + [args.bench, "--threads", rt, "--overlap", "1", "--first-bucket-mb",
-                      "%.3f" % head_mb, "--name", "cpp%s-overlap-headbucket" % name]
-             + ddp_on + common),
+    def configs_for(batch):
+        tag = "" if batch == 0 else " b%d" % batch
+        opts = common + (["--batch", str(batch)] if batch else [])
+        out = [
+            ("floor_cpp", "cpp %s floor (no DDP)%s" % (shape, tag), rank_threads,
+             floor_cmd + [args.bench, "--threads", rt, "--ddp", "off", "--name", "cpp%s-floor" % name] + opts),
+            ("overlap", "cpp %s overlap%s" % (shape, tag), rank_threads,
+             ddp_n + [args.bench, "--threads", rt, "--overlap", "1", "--name", "cpp%s-overlap" % name]
+             + ddp_on + opts),
+            ("no_overlap", "cpp %s no-overlap%s" % (shape, tag), rank_threads,
+             ddp_n + [args.bench, "--threads", rt, "--overlap", "0", "--name", "cpp%s-no-overlap" % name]
+             + ddp_on + opts),
+            ("floor_py", "py %s floor (no DDP)%s" % (shape, tag), rank_threads,
+             floor_cmd + py + ["--threads", rt, "--ddp", "off", "--name", "py%s-floor" % name] + opts),
+            ("py_ddp", "py %s DDP%s" % (shape, tag), rank_threads,
+             ddp_n + py + ["--threads", rt, "--name", "py%s-ddp" % name] + ddp_on + opts),
         ]
+        if cpu and not args.no_extra and batch == 0:
+            # One process with all the cores: what DDP on this machine is up against.
+            out += [("base", "cpp 1x%d (no DDP)" % ranks, base_threads,
+                     [args.bench, "--threads", bt, "--ddp", "off", "--name", "cpp1x%s" % bt] + opts),
+                    ("py_base", "py 1x%d (no DDP)" % ranks, base_threads,
+                     py + ["--threads", bt, "--ddp", "off", "--name", "py1x%s" % bt] + opts)]
+        return out
+
+    groups = [(0, configs_for(0))]
+    if args.small_batch:
+        groups.append((args.small_batch, configs_for(args.small_batch)))
+    configs = [(label, threads, cmd) for _, group in groups for _, label, threads, cmd in group]
+    role_of = [{r: label for r, label, _, _ in group} for _, group in groups]
+    role = role_of[0]
 
     results = {label: [] for label, _, _ in configs}
     loads = []
@@ -159,53 +165,99 @@ def main():
             print("  [%d/%d] %-30s step %8.1f ms  (%.0f s)" % (r + 1, args.repeats, label, float(fields["step_ms_median"]), time.time() - t), flush=True)
     loads.append(loadavg())
 
-    def med(label, key):
-        return statistics.median(float(f[key]) for f in results[label])
+    def values(label, key):
+        return [float(f[key]) for f in results[label]]
 
-    def spread(label, key):
-        v = [float(f[key]) for f in results[label]]
-        return "%.0f-%.0f" % (min(v), max(v))
+    def med(label, key):
+        return statistics.median(values(label, key))
+
+    def spread(v, fmt="%.0f"):
+        return (fmt + " to " + fmt) % (min(v), max(v))
 
     params = {label: results[label][0]["params"] for label in results}
-    cpp_params = params[role["overlap"]]
-    py_params = params[role["py_ddp"]]
+    cpp_params, py_params = params[role["overlap"]], params[role["py_ddp"]]
     print()
     print("parameters: C++ TransformerLM %s, Python TransformerLM %s -> %s"
           % (cpp_params, py_params, "same" if cpp_params == py_params else "DIFFERENT"))
-    print("buckets (MiB, launch order): C++ %s | C++ head bucket %s | torch DDP %s"
-          % (results[role["overlap"]][0]["buckets"],
-             results.get(role["head"], [{"buckets": "-"}])[0]["buckets"],
-             results[role["py_ddp"]][0]["buckets"]))
+    print("buckets (MiB, launch order, after the first step's rebuild): C++ %s | torch DDP %s"
+          % (results[role["overlap"]][0]["buckets"], results[role["py_ddp"]][0]["buckets"]))
     print("machine load (1-min average) during the runs: median %.1f, range %.1f-%.1f, on %d cores"
           % (statistics.median(loads), min(loads), max(loads), os.cpu_count() or 0))
     print()
-    head = "%-30s %10s %9s %8s %8s %8s %8s %9s %10s" % (
-        "config", "step ms", "(range)", "fwd ms", "bwd ms", "wait ms", "tail ms", "cpu ms", "samples/s")
+    head = "%-30s %8s %11s %7s %7s %7s %7s %7s %8s %8s %8s %7s %9s" % (
+        "config", "step ms", "(range)", "fwd ms", "bwd ms", "wait ms", "tail ms", "copy ms",
+        "allr ms", "allr MB/s", "loop MB/s", "cpu ms", "samples/s")
     print(head)
     print("-" * len(head))
     for label, _, _ in configs:
-        wait = med(label, "wait_ms_median")
         ddp = results[label][0]["ddp"] == "1"
-        print("%-30s %10.1f %9s %8.1f %8.1f %8s %8s %9.1f %10.1f" % (
-            label, med(label, "step_ms_median"), spread(label, "step_ms_median"),
-            med(label, "fwd_ms_median"), med(label, "bwd_ms_median"),
-            "%.1f" % wait if ddp else "-", "%.1f" % med(label, "tail_ms_median") if ddp else "-",
+        opt = lambda key, fmt="%.1f": fmt % med(label, key) if ddp else "-"  # noqa: E731
+        rate = med(label, "reduce_bytes") / 1048576 / (med(label, "reduce_ms_median") / 1e3) \
+            if ddp and med(label, "reduce_ms_median") > 0 else 0
+        print("%-30s %8.1f %11s %7.1f %7.1f %7s %7s %7s %8s %8s %8s %7.1f %9.1f" % (
+            label, med(label, "step_ms_median"), spread(values(label, "step_ms_median")),
+            med(label, "fwd_ms_median"), med(label, "bwd_ms_median"), opt("wait_ms_median"),
+            opt("tail_ms_median"), opt("copy_ms_median", "%.2f"), opt("reduce_ms_median"),
+            "%.0f" % rate if ddp else "-", opt("loopback_mb_per_s", "%.0f"),
             med(label, "cpu_ms_median"), med(label, "samples_per_s")))
-    ratio = med(role["overlap"], "step_ms_median") / med(role["py_ddp"], "step_ms_median")
-    ratio_cpu = med(role["overlap"], "cpu_ms_median") / med(role["py_ddp"], "cpu_ms_median")
-    ratio_no = med(role["no_overlap"], "step_ms_median") / med(role["py_ddp"], "step_ms_median")
+
     print()
-    print("C++ / Python DDP step time (%s, overlap): %.2f   (no-overlap: %.2f; CPU time per step: %.2f)"
-          % (shape, ratio, ratio_no, ratio_cpu))
-    print("overlap vs no-overlap (C++ %s): step %.1f vs %.1f ms, wait after backward %.1f vs %.1f ms"
-          % (shape, med(role["overlap"], "step_ms_median"), med(role["no_overlap"], "step_ms_median"),
-             med(role["overlap"], "wait_ms_median"), med(role["no_overlap"], "wait_ms_median")))
+    for (batch, _), rl in zip(groups, role_of):
+        per = lambda r, key="step_ms_median": values(rl[r], key)  # noqa: E731
+        over_cpp = [d - f for d, f in zip(per("overlap"), per("floor_cpp"))]
+        over_no = [d - f for d, f in zip(per("no_overlap"), per("floor_cpp"))]
+        over_py = [d - f for d, f in zip(per("py_ddp"), per("floor_py"))]
+        print("batch %s per rank: DDP overhead = step time - floor (median, range over %d repeats)"
+              % (batch or results[rl["overlap"]][0]["batch"], args.repeats))
+        print("  floor        C++ %.1f ms (%s), PyTorch %.1f ms (%s)"
+              % (med(rl["floor_cpp"], "step_ms_median"), spread(per("floor_cpp")),
+                 med(rl["floor_py"], "step_ms_median"), spread(per("floor_py"))))
+        print("  overhead     C++ overlap %.1f ms (%s), C++ no-overlap %.1f ms (%s), PyTorch %.1f ms (%s)"
+              % (statistics.median(over_cpp), spread(over_cpp, "%.1f"), statistics.median(over_no),
+                 spread(over_no, "%.1f"), statistics.median(over_py), spread(over_py, "%.1f")))
+        print("  its parts    copy in/out: C++ %.2f ms, PyTorch %.2f ms (estimate: its copies replayed)"
+              % (med(rl["overlap"], "copy_ms_median"), med(rl["py_ddp"], "copy_ms_median")))
+        print("               wait after backward: C++ %.1f ms (tail %.1f), PyTorch tail %.1f ms"
+              % (med(rl["overlap"], "wait_ms_median"), med(rl["overlap"], "tail_ms_median"),
+                 med(rl["py_ddp"], "tail_ms_median")))
+        mb = med(rl["overlap"], "reduce_bytes") / 1048576
+        for side in ("overlap", "no_overlap", "py_ddp"):
+            ms = med(rl[side], "reduce_ms_median")
+            print("               all-reduce %-11s %.1f ms for %.2f MiB = %.0f MiB/s; Gloo alone, same run: %.1f ms = %.0f MiB/s"
+                  % (side.replace("_", "-").replace("py-ddp", "PyTorch") + ":", ms, mb,
+                     mb / (ms / 1e3) if ms > 0 else 0, med(rl[side], "loopback_ms_median"),
+                     med(rl[side], "loopback_mb_per_s")))
+        ratios = [
+            ("step time, overlap", [a / b for a, b in zip(per("overlap"), per("py_ddp"))]),
+            ("step time, no-overlap", [a / b for a, b in zip(per("no_overlap"), per("py_ddp"))]),
+            ("floor", [a / b for a, b in zip(per("floor_cpp"), per("floor_py"))]),
+            ("CPU time per step", [a / b for a, b in zip(per("overlap", "cpu_ms_median"),
+                                                         per("py_ddp", "cpu_ms_median"))]),
+        ]
+        # A ratio of overheads means something only when both overheads stood out of the noise.
+        overheads_clear = min(over_py) > 0 and min(over_cpp) > 0
+        if overheads_clear:
+            ratios.append(("DDP overhead, overlap", [a / b for a, b in zip(over_cpp, over_py)]))
+        for what, v in ratios:
+            m = statistics.median(v)
+            verdict = ("C++ lower in every repeat" if max(v) < 1 else "C++ higher in every repeat"
+                       if min(v) > 1 else "no difference shown (the range includes 1)")
+            print("  C++ / PyTorch %-22s %.3f (range %s): %s" % (what, m, spread(v, "%.3f"), verdict))
+        if not overheads_clear:
+            print("  C++ / PyTorch DDP overhead: no ratio (an overhead was 0 or less in a repeat: "
+                  "within the noise of the floor)")
+        print()
     if args.device == "cpu":
         print("wait ms: C++ DDPStats wait after backward; Python: tail ms (torch DDP has no such counter).")
     else:
         print("wait ms: tail ms on both sides (on a GPU, NCCL's wait() does not block the CPU).")
-    print("tail ms: last parameter gradient produced -> backward() returns (same definition both sides)."
-          "\ncpu ms: process CPU time per step (all threads), mean of the ranks; step ms: slowest rank.")
+    print("tail ms: last parameter gradient produced -> backward() returns (same definition both sides).\n"
+          "copy ms: C++ DDPStats (into buckets only; .grad is a window on the bucket); Python: torch DDP's\n"
+          "  copies in and out, replayed on the run's gradients (an estimate).\n"
+          "allr ms: first bucket all-reduce started -> last one finished (C++ DDPStats, torch's\n"
+          "  backward_comm_time), overlapped backward included; allr MB/s: gradient bytes / allr ms;\n"
+          "  loop MB/s: one all-reduce of the same bytes alone, after the timed steps of the same run.\n"
+          "cpu ms: process CPU time per step (all threads), mean of the ranks; step ms: slowest rank.")
     if args.device == "cuda":
         print("GPU runs: the clock is read after torch.cuda.synchronize() / torch::cuda::synchronize(),"
               " so fwd/bwd/step ms are GPU times.")

@@ -1,6 +1,7 @@
-// Unit tests of common/kit: collectives, save0, the rank environment, device choice, gradient
-// buckets and the DistributedSampler. Everything runs inside this one process: the collectives
-// use ProcessGroup::local_groups(), one std::thread per rank.
+// Unit tests of common/kit: collectives, save0, the rank environment, device choice and the
+// DistributedSampler (assign_buckets() is tested with DDP, in tests/ddp/ddp_grads_test.cpp).
+// Everything runs inside this one process: the collectives use ProcessGroup::local_groups(), one
+// std::thread per rank.
 //
 // One translation unit on purpose: each TU that includes <torch/torch.h> costs ~20 s to build.
 #include <signal.h>
@@ -24,7 +25,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/buckets.h"
 #include "kit/data_loader.h"
 #include "kit/distributed.h"
 #include "kit/env.h"
@@ -668,79 +668,6 @@ TEST(DeviceFor, MoreRanksThanGpusIsASetupError) {
       std::string msg = e.what();
       EXPECT_NE(msg.find(std::to_string(gpus) + " GPU"), std::string::npos) << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// assign_buckets()
-// ---------------------------------------------------------------------------------------------
-
-size_t total(const std::vector<size_t>& bytes, const std::vector<size_t>& bucket) {
-  size_t s = 0;
-  for (size_t i : bucket) s += bytes[i];
-  return s;
-}
-
-TEST(AssignBuckets, EmptyModelHasNoBuckets) {
-  EXPECT_TRUE(kit::assign_buckets({}, 100, 1000).empty());
-}
-
-TEST(AssignBuckets, ReverseOrderInOneBucketWhenEverythingFits) {
-  auto b = kit::assign_buckets({10, 20, 30, 40}, 1000, 1000);
-  ASSERT_EQ(b.size(), 1u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2, 1, 0}));
-}
-
-TEST(AssignBuckets, SmallFirstBucketThenCappedBuckets) {
-  std::vector<size_t> bytes(10, 100);
-  auto b = kit::assign_buckets(bytes, 250, 400);
-  ASSERT_EQ(b.size(), 3u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{9, 8}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{7, 6, 5, 4}));
-  EXPECT_EQ(b[2], (std::vector<size_t>{3, 2, 1, 0}));
-}
-
-TEST(AssignBuckets, OversizeParameterGetsABucketOfItsOwn) {
-  auto b = kit::assign_buckets({10, 5000, 10, 10}, 100, 100);
-  ASSERT_EQ(b.size(), 3u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{3, 2}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{1}));
-  EXPECT_EQ(b[2], (std::vector<size_t>{0}));
-  // Oversize as the very first (last) parameter, too.
-  b = kit::assign_buckets({10, 10, 5000}, 100, 100);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{2}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{1, 0}));
-}
-
-// Properties on random models: every index exactly once, launch order = reverse parameter
-// order, caps respected (except a lone oversize parameter), and buckets are filled greedily.
-TEST(AssignBuckets, RandomModelsKeepEveryRule) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 500; ++trial) {
-    std::vector<size_t> bytes(1 + rng() % 40);
-    for (auto& x : bytes) x = 1 + rng() % (rng() % 4 == 0 ? 5000 : 300);
-    size_t first = 1 + rng() % 600, cap = 1 + rng() % 2000;
-    auto buckets = kit::assign_buckets(bytes, first, cap);
-
-    std::vector<size_t> order;
-    for (auto& b : buckets) {
-      ASSERT_FALSE(b.empty());
-      order.insert(order.end(), b.begin(), b.end());
-    }
-    std::vector<size_t> want(bytes.size());
-    std::iota(want.rbegin(), want.rend(), size_t{0});
-    ASSERT_EQ(order, want) << "trial " << trial << ": not every index once in reverse order";
-
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      size_t limit = k == 0 ? first : cap;
-      if (buckets[k].size() > 1) {
-        EXPECT_LE(total(bytes, buckets[k]), limit) << "trial " << trial;
-      }
-      if (k + 1 < buckets.size()) {  // closed only because the next parameter did not fit
-        EXPECT_GT(total(bytes, buckets[k]) + bytes[buckets[k + 1][0]], limit) << "trial " << trial;
-      }
     }
   }
 }
