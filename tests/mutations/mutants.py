@@ -14,6 +14,9 @@ Kinds:
              must be exactly {todo} | also ("all", the final-loss row, is not constrained)
   compile    does not compile; the check's compiler report must name `todo`
   equivalent a correct rewrite the check must pass in full (guards against false alarms)
+  diverges   compiles and passes every TODO, but the run is not the solution's: the closing row
+             ("all") must fail and name the place where the run first leaves the solution's,
+             `todo` ("-": outside the TODOs), and contain every phrase of `also`
 
 usage: mutants.py list EXERCISE              id kind todo, one mutant a line (for CMake)
        mutants.py write EXERCISE ID SOLUTION OUT
@@ -103,10 +106,10 @@ def verify():
                     errors.append(f"{ex}: mutant '{m['id']}' changes nothing")
             except MutantError as e:
                 errors.append(f"{ex}: {e}")
-            if m["todo"] not in labels:
+            if m["todo"] not in labels and not (m["kind"] == "diverges" and m["todo"] == "-"):
                 errors.append(f"{ex}: mutant '{m['id']}' names TODO {m['todo']}, which the "
                               f"exercise does not have ({sorted(labels)})")
-        covered = {m["todo"] for m in mutants(ex) if m["kind"] != "equivalent"}
+        covered = {m["todo"] for m in mutants(ex) if m["kind"] in ("run", "compile")}
         for label in sorted(labels - covered, key=lambda l: int(l.split("-")[0])):
             errors.append(f"{ex}: no mutant for TODO {label}")
         print(f"{ex}: {len(mutants(ex))} mutants, TODOs covered: "

@@ -81,3 +81,36 @@ MUTANTS = [
       (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
        "  mean /= kit::get_world_size();")], []),
 ]
+
+# Mistakes that every TODO's judgment lets through but that change the run: the check's closing
+# row must name where the run first leaves the solution's (the TODO, or "outside the TODOs") and
+# say what differs (kind "diverges": `also` holds words the row must contain).
+MUTANTS += [
+    ("sampler-seed-default", "diverges", "4", "the training sampler without args.seed: every "
+     "rank shuffles with the default seed 0, alike, so the slices are right but the order is "
+     "not the solution's",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/true);")], ["with seed 0", "with seed 7"]),
+    ("setup-seed", "diverges", "2-3", "kit::setup(args.seed + 1): other initial weights",
+     [("kit::setup(args.seed);", "kit::setup(args.seed + 1);")], ["seed 8"]),
+    ("set-epoch-plus-one", "diverges", "9", "set_epoch(epoch + 1): a new order every epoch, but "
+     "not the solution's",
+     [("train_sampler.set_epoch(epoch);", "train_sampler.set_epoch(epoch + 1);")],
+     ["set_epoch(1)", "set_epoch(0)"]),
+    ("reseeded-init", "diverges", "-", "torch::manual_seed(0) just before the model is made "
+     "(outside the TODOs): other initial weights",
+     [("  kit::TransformerLM model(", "  torch::manual_seed(0);\n  kit::TransformerLM model(")],
+     ["step 1 starts from", "kit::TransformerLM model("]),
+    ("dropout-outside", "diverges", "-", "dropout 0.2 set on the model's options outside the "
+     "TODOs (the run asks for 0)",
+     [("kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));",
+       "auto options = kit::TransformerLMOptions::from(args, corpus.vocab.size());\n"
+       "  options.dropout = 0.2;\n  kit::TransformerLM model(options);")],
+     ["step 1: the training loss", "kit::TransformerLM model("]),
+    ("lr-doubled", "diverges", "-", "the learning rate doubled outside the TODOs",
+     [("torch::optim::AdamWOptions(args.lr)", "torch::optim::AdamWOptions(args.lr * 2)")],
+     ["step 2 starts from other weights", "AdamW optimizer("]),
+    ("print-changed", "diverges", "11", "the epoch line prints 'ppl' for 'perplexity'",
+     [("validation loss %.5f (perplexity %.2f)\\n\", epoch + 1",
+       "validation loss %.5f (ppl %.2f)\\n\", epoch + 1")], ["(ppl ", "(perplexity "]),
+]
