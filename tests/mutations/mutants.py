@@ -80,6 +80,14 @@ def apply(m, text, where):
     return text
 
 
+def rules_of(ex):
+    """The exercise's check rules (common/tools/rules/<target>.py)."""
+    sys.path.insert(0, os.path.join(ROOT, "common", "tools"))
+    info = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "info", ex],
+                          capture_output=True, text=True, check=True)
+    return importlib.import_module(f"rules.{json.loads(info.stdout)['target']}")
+
+
 def solution_path(ex):
     info = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "info", ex],
                           capture_output=True, text=True, check=True)
@@ -96,6 +104,12 @@ def verify():
         labels = {r["todo"] for r in rows if r.get("lang", "cpp") == "cpp"}
         path = solution_path(ex)
         text = open(path, encoding="utf-8").read()
+        # The trainer lines the check's closing row points at are found by a piece of their text
+        # (common/tools/rules/<target>.py, PLACES): each piece must still be in the solution.
+        for name, (piece, _) in sorted(getattr(rules_of(ex), "PLACES", {}).items()):
+            if piece not in text:
+                errors.append(f"{ex}: PLACES['{name}'] of its check rules, '{piece}', is not in "
+                              f"{path}: update common/tools/rules/ to the changed solution")
         seen = set()
         for m in mutants(ex):
             if m["id"] in seen:

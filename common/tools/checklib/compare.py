@@ -215,10 +215,10 @@ def describe(d, split_names, seed):
     rank = f"rank {d.rank}"
     if m is None or t is None:
         e = m or t
-        whose = "yours has" if m else "the solution's has"
-        other = "the solution's does not" if m else "yours does not"
-        return (f"{whose} one more {kind} event than the other ({short(e.text)}); {other}",
-                concept_of(d, split_names), e.site, e.text if kind == "print0" else None)
+        what = f"{kind} #{d.index + 1} on {rank} ({short(e.text)})"
+        what = f"your run has an extra {what}, which the solution's does not" if m else \
+            f"the solution's run has {what}, yours has none"
+        return what, concept_of(d), e.site, e.text if kind == "print0" else None
     mf, tf = m.fields, t.fields
     step = d.at[0]
     if kind == "setup":
@@ -273,7 +273,7 @@ def describe(d, split_names, seed):
     return f"{kind}: {short(m.text)} vs the solution's {short(t.text)}", kind, "", None
 
 
-def concept_of(d, split_names):
+def concept_of(d):
     kind = d.channel[0]
     if kind == "batch":
         return f"loader-{d.channel[1]}"
@@ -339,7 +339,7 @@ def judge_run(check, final_loss, quantity="final test loss"):
     loss = "" if same else f"{quantity} {mine} vs the solution's {theirs}; "
     failed = v.failed()
     if failed:  # what fails explains the rest: no need to trace it
-        v.add("all", False, what, f"{loss}fix TODO {failed[0]} first (the first \u2718 above)")
+        v.add("all", False, what, f"{loss}fix TODO {failed[0]} first (its \u2718 is above)")
         return
     place = first_place(check)
     if place:

@@ -114,3 +114,14 @@ MUTANTS += [
      [("validation loss %.5f (perplexity %.2f)\\n\", epoch + 1",
        "validation loss %.5f (ppl %.2f)\\n\", epoch + 1")], ["(ppl ", "(perplexity "]),
 ]
+MUTANTS += [
+    ("samplers-other-order", "equivalent", "4", "the samplers made in another order, the "
+     "validation sampler with args.seed (it does not shuffle: the seed changes nothing); correct: "
+     "the comparison with the solution's run must not mind",
+     [("  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n"
+       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);\n"
+       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n",
+       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n"
+       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false, args.seed);\n"
+       "  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n")], []),
+]
