@@ -24,7 +24,7 @@ import re
 from collections import namedtuple
 
 from . import collectives
-from .build_errors import annotated_parts, norm
+from .build_errors import annotated_parts, norm, todo_at
 from .runs import kv, read
 
 REL_TOL = 1e-5
@@ -154,25 +154,21 @@ class Places:
         return f"TODO {label}" if label and label != concept else None
 
     def owner(self, lineno):
-        """The TODO label of the student's line, or None for a line outside the TODOs: the line
-        is matched by its text against the annotated source's lines, common and TODO ones (the
-        student's file has its own numbering, and the line itself may be edited); on a tie the
-        common line wins."""
+        """The TODO label of the student's line, or None for a line outside the TODOs. The
+        student's file has its own numbering and the line may be edited or new: it is placed
+        between the annotated source's common lines (build_errors.todo_at), and a TODO block
+        there owns it only if it looks more like that block's lines than like any common line
+        (a learning rate edited beside TODO 8 is still the optimizer's line)."""
+        block = todo_at(self.parts(), self.lines, lineno)
+        if block is None:
+            return None
         text = norm(self.lines[lineno - 1])
-        best, label = 0.0, None
-        for kind, item in self.parts():
-            if kind == "line":
-                candidates, owner = [item], None
-            elif item.get("variant"):
-                continue
-            else:
-                candidates, owner = item["solution"] + item["exercise"], item["label"]
-            for c in candidates:
-                c = norm(c)
-                ratio = difflib.SequenceMatcher(None, text, c).ratio() if c else 0.0
-                if ratio > best or (ratio == best and owner is None):
-                    best, label = ratio, owner
-        return label
+
+        def likeness(candidates):
+            return max((difflib.SequenceMatcher(None, text, norm(c)).ratio()
+                        for c in candidates if c.strip()), default=0.0)
+        common = likeness(item for kind, item in self.parts() if kind == "line")
+        return block["label"] if likeness(block["solution"] + block["exercise"]) >= common else None
 
     def line(self, lineno):
         name = os.path.basename(self.source)
@@ -213,14 +209,15 @@ def describe(d, split_names, seed):
     """(what happened, the concept or anchor it belongs to, site, text) for a difference."""
     kind, m, t = d.channel[0], d.mine, d.theirs
     rank = f"rank {d.rank}"
+    step = d.at[0]
+    after = f" after step {step}" if 0 < step < math.inf else ""
     if m is None or t is None:
         e = m or t
-        what = f"{kind} #{d.index + 1} on {rank} ({short(e.text)})"
+        what = f"{kind} #{d.index + 1} on {rank}{after} ({short(e.text)})"
         what = f"your run has an extra {what}, which the solution's does not" if m else \
             f"the solution's run has {what}, yours has none"
         return what, concept_of(d), e.site, e.text if kind == "print0" else None
     mf, tf = m.fields, t.fields
-    step = d.at[0]
     if kind == "setup":
         return (f"kit::setup() was given seed {mf['seed']}, the solution's {tf['seed']}"
                 + flag(tf.get("seed"), seed), "setup", "", None)
@@ -256,16 +253,17 @@ def describe(d, split_names, seed):
                 "computes something else (dropout, the model's options, the loss)", "forward", "",
                 None)
     if kind == "all_reduce":
-        return (f"{rank} handed all_reduce #{d.index + 1} the value {mf['value']:.6f}, the "
-                f"solution's {tf['value']:.6f}", None, m.site, None)
+        return (f"{rank} handed all_reduce #{d.index + 1}{after} the value {mf['value']:.6f}, "
+                f"the solution's {tf['value']:.6f}", None, m.site, None)
     if kind == "coll":
-        return (f"collective #{d.index + 1} on {rank} is {collectives.describe(kv(m.text))}, the "
-                f"solution's {collectives.describe(kv(t.text))}", None, m.site, None)
+        return (f"collective #{d.index + 1} on {rank}{after} is "
+                f"{collectives.describe(kv(m.text))}, the solution's "
+                f"{collectives.describe(kv(t.text))}", None, m.site, None)
     if kind == "print0":
         return (f"rank 0 printed \"{m.text.strip()}\" where the solution prints "
                 f"\"{t.text.strip()}\"", None, "", m.text)
     if kind in ("save0", "checkpoint"):
-        return (f"{kind} #{d.index + 1} wrote {mf['file']}, the solution's {tf['file']}",
+        return (f"{kind} #{d.index + 1}{after} wrote {mf['file']}, the solution's {tf['file']}",
                 kind if kind == "save0" else "checkpoint", "", None)
     if kind == "ddp":
         return (f"DistributedDataParallel wraps {mf['parameters']} parameter tensors, the "
