@@ -11,6 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot import write_outputs  # noqa: E402
 from style import COLORS, GRID, IDLE, INK, LIGHT, MUTED, PAPER, SUM, Svg  # noqa: E402
 
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
@@ -77,6 +78,61 @@ def collectives():
                    ["one rank (the root, here rank 0) sends its data",
                     "every other rank receives a copy"]),
     ]
+
+
+# --- the ring all-reduce -------------------------------------------------------------------------
+
+def ring():
+    """Four ranks in a ring; the two phases of a ring all-reduce and what each rank sends."""
+    svg = Svg(1100, 470, "The ring all-reduce on four ranks: reduce-scatter, then all-gather, "
+                         "each in N - 1 steps of one chunk per rank")
+    cx, cy, rad = 190, 215, 120
+    spots = [(cx, cy - rad), (cx + rad, cy), (cx, cy + rad), (cx - rad, cy)]
+    for r in range(4):  # arrows first, under the circles: rank r sends to rank r + 1
+        (x1, y1), (x2, y2) = spots[r], spots[(r + 1) % 4]
+        dx, dy = x2 - x1, y2 - y1
+        n = (dx * dx + dy * dy) ** 0.5
+        svg.arrow(x1 + dx * 40 / n, y1 + dy * 40 / n, x2 - dx * 44 / n, y2 - dy * 44 / n, sw=2.5)
+    for r, (x, y) in enumerate(spots):
+        svg.circle(x, y, 36, fill=LIGHT[r], stroke=COLORS[r], sw=2.5)
+        svg.text(x, y + 7, f"rank {r}", size=17, weight="bold", fill=COLORS[r])
+    svg.text(cx, 395, "every step: each rank sends one chunk", size=16, fill=MUTED)
+    svg.text(cx, 418, "(size / N) to its right neighbour", size=16, fill=MUTED)
+    svg.text(cx, 441, "and receives one from its left", size=16, fill=MUTED)
+
+    cs, gap = 34, 5
+
+    def grid(x0, title, after_scatter):
+        svg.text(x0 + 2 * (cs + gap), 62, title, size=18, weight="bold")
+        for r in range(4):
+            y = 80 + r * (cs + gap)
+            if after_scatter:
+                svg.text(x0 - 8, y + cs / 2 + 5, f"rank {r}", size=13, anchor="end", fill=COLORS[r])
+            for c in range(4):
+                own = c == (r + 1) % 4  # after the reduce-scatter, rank r holds chunk r + 1
+                if after_scatter and not own:
+                    svg.rect(x0 + c * (cs + gap), y, cs, cs, fill=LIGHT[r], stroke=COLORS[r], rx=4)
+                    svg.text(x0 + c * (cs + gap) + cs / 2, y + cs / 2 + 6, "part", size=11, fill=MUTED)
+                else:
+                    cell(svg, x0 + c * (cs + gap), y, "sum", f"Σ{sub(c)}", cs)
+
+    grid(430, "after N-1 steps", True)
+    grid(700, "after 2(N-1) steps", False)
+    svg.arrow(600, 150, 688, 150, sw=2.5)
+    svg.text(515, 262, "reduce-scatter:", size=15, fill=MUTED)
+    svg.text(515, 282, "rank r holds the sum", size=15, fill=MUTED)
+    svg.text(515, 302, "of one chunk", size=15, fill=MUTED)
+    svg.text(785, 262, "all-gather:", size=15, fill=MUTED)
+    svg.text(785, 282, "the sums travel round", size=15, fill=MUTED)
+    svg.text(785, 302, "the ring to every rank", size=15, fill=MUTED)
+    svg.rect(410, 330, 675, 118, fill=PAPER, stroke=GRID, rx=10)
+    svg.text(428, 362, "bytes each rank sends: 2 (N-1) steps × size / N = 2 (N-1)/N × size",
+             size=16, anchor="start", weight="bold")
+    svg.text(428, 392, "time ≈ 2 (N-1) α  +  2 (N-1)/N × size / β", size=17, anchor="start",
+             mono=True)
+    svg.text(428, 422, "α: latency of one step · β: link bandwidth · 2(N-1)/N → 2 for large N",
+             size=15, anchor="start", fill=MUTED)
+    return [("ring-all-reduce.svg", svg)]
 
 
 # --- world size, rank, local rank ----------------------------------------------------------------
@@ -389,7 +445,7 @@ def three_d():
 
 def all_diagrams():
     out = []
-    for make in (collectives, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d):
+    for make in (collectives, ring, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d):
         out.extend(make())
     return out
 
@@ -397,27 +453,8 @@ def all_diagrams():
 def main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
     out = argv[argv.index("--out") + 1] if "--out" in argv else here
-    check = "--check" in argv
-    stale = []
-    for name, svg in all_diagrams():
-        text = svg.render()
-        path = os.path.join(out, name)
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
-        if old == text:
-            continue
-        if check:
-            stale.append(name)
-        else:
-            os.makedirs(out, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-            print(f"wrote {path}")
-    if stale:
-        sys.stderr.write("images differ from images/make_diagrams.py (run it to rewrite them): "
-                         + ", ".join(stale) + "\n")
-        return 1
-    return 0
-
+    return write_outputs({name: svg.render() for name, svg in all_diagrams()}, out,
+                         "--check" in argv, "make_diagrams.py")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

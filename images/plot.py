@@ -3,6 +3,8 @@ course's style (images/style.py). Python standard library only. Used by
 slides/tools/plot_metrics.py and every other tool that draws a plot; add what a new plot needs
 here rather than beside it."""
 import math
+import os
+import sys
 
 from style import GRID, INK, MUTED, Svg
 
@@ -28,14 +30,26 @@ def fmt(v):
     return f"{v:g}" if abs(v) < 1e5 else f"{v:.0e}"
 
 
+def fmt_bytes(v):
+    """8 -> "8 B", 65536 -> "64 KiB": the message sizes of a benchmark."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if v < 1024 or unit == "GiB":
+            return f"{v:g} {unit}"
+        v /= 1024
+    return f"{v:g}"
+
+
 class Axes:
-    """A plot area with linear axes, grid, labels and a legend."""
+    """A plot area with linear axes (logx: a logarithmic x axis, with the given xticks), grid,
+    labels and a legend. xfmt writes the x ticks' labels."""
 
     def __init__(self, title, xlabel, ylabel, xs, ys, width=900, height=480, xticks=None,
-                 legend_at="top right"):
+                 legend_at="top right", logx=False, xfmt=None):
         self.svg = Svg(width, height, title)
         self.l, self.r, self.t, self.b = 90, width - 30, 50, height - 70
+        self.logx = logx
         self.xt = xticks or nice_ticks(min(xs), max(xs))
+        xfmt = xfmt or fmt
         self.yt = nice_ticks(min(ys), max(ys))
         s = self.svg
         s.text(self.l, 30, title, size=19, anchor="start", weight="bold")
@@ -46,7 +60,7 @@ class Axes:
         for v in self.xt:
             x = self.x(v)
             s.line(x, self.t, x, self.b, stroke=GRID, sw=1)
-            s.text(x, self.b + 22, fmt(v), size=14, fill=MUTED)
+            s.text(x, self.b + 22, xfmt(v), size=14, fill=MUTED)
         s.line(self.l, self.b, self.r, self.b, stroke=INK, sw=1.5)
         s.line(self.l, self.t, self.l, self.b, stroke=INK, sw=1.5)
         s.text((self.l + self.r) / 2, height - 20, xlabel, size=16, fill=INK)
@@ -55,7 +69,8 @@ class Axes:
         self.legend_y = self.t + 12 if "top" in legend_at else self.b - 60
 
     def x(self, v):
-        return self.l + (v - self.xt[0]) / (self.xt[-1] - self.xt[0]) * (self.r - self.l)
+        f = math.log if self.logx else float
+        return self.l + (f(v) - f(self.xt[0])) / (f(self.xt[-1]) - f(self.xt[0])) * (self.r - self.l)
 
     def y(self, v):
         return self.b - (v - self.yt[0]) / (self.yt[-1] - self.yt[0]) * (self.b - self.t)
@@ -65,3 +80,26 @@ class Axes:
         self.svg.line(x, self.legend_y, x + 34, self.legend_y, stroke=color, sw=3, dash=dash)
         self.svg.text(x + 44, self.legend_y + 5, label, size=15, anchor="start")
         self.legend_y += 24
+
+
+def write_outputs(outputs, out_dir, check, prog):
+    """{file name: text} into out_dir, rewriting only what changed; with check, write nothing and
+    fail (1, one line) when a file differs from its fresh rendering. Returns the exit status."""
+    stale = []
+    for name, text in outputs.items():
+        path = os.path.join(out_dir, name)
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        if old == text:
+            continue
+        if check:
+            stale.append(name)
+            continue
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {path}")
+    if stale:
+        sys.stderr.write(f"{prog}: {', '.join(stale)} in {out_dir} differ from what it draws "
+                         "now (run it without --check to rewrite them)\n")
+        return 1
+    return 0

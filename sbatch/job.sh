@@ -2,11 +2,13 @@
 # sbatch/job.sh: the checks and settings that every job script of the kit shares. The job
 # scripts (sbatch/<exercise>/*.sbatch) source it; it is not a program of its own.
 #
-#   kit_job_init NAME   checks the job and sets the KIT_* variables below, or stops the job with
+#   kit_job_init NAME [--no-data]
+#                       checks the job and sets the KIT_* variables below, or stops the job with
 #                       one line on stderr (in the job's %x-%j.err file) saying what to do:
 #                         * the site profile KIT_SITE does not exist;
 #                         * the program is not built;
-#                         * the data is not staged (compute nodes have no internet);
+#                         * the data is not staged (compute nodes have no internet); not
+#                           checked with --no-data, for a program that reads none (exercise 00);
 #                         * the job has no GPU, or more tasks per node were requested than GPUs;
 #                         * fewer CPUs than tasks on a node.
 #                       Then it runs the site profile's kit_site_env (modules, network settings).
@@ -136,7 +138,12 @@ kit_run_site_env() {
 }
 
 kit_job_init() {
-  local name=$1
+  local name=$1 needs_data=1
+  case ${2:-} in
+    '') ;;
+    --no-data) needs_data=0 ;;
+    *) kit_die "kit_job_init: unknown option '$2' (the job script is broken)" ;;
+  esac
   KIT_JOB_NAME=${SLURM_JOB_NAME:-$name}
 
   KIT_SITE=${KIT_SITE:-generic}
@@ -166,7 +173,7 @@ kit_job_init() {
   KIT_DATA=${KIT_DATA_DIR:-${WIKITEXT2_DIR:-${HOME:-}/data/wikitext-2}}
   local split
   for split in train valid test; do
-    [ -s "$KIT_DATA/wiki.$split.tokens" ] ||
+    [ "$needs_data" = 0 ] || [ -s "$KIT_DATA/wiki.$split.tokens" ] ||
       kit_die "the data is not staged: $KIT_DATA/wiki.$split.tokens is missing; compute nodes" \
         "have no internet, so on the login node run" \
         "'$KIT_ROOT/common/data/download_wikitext2.sh $KIT_DATA' (or set KIT_DATA_DIR)"

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
+#include <vector>
 
 namespace kit {
 
@@ -30,5 +33,20 @@ std::string config_fingerprint(const TrainArgs& args, int64_t vocab_size);
 // with one line on stderr and exit code 2. The data folder defaults to $KIT_DATA_DIR, then to the
 // corpus the build generated.
 TrainArgs parse_args(int argc, char** argv);
+
+// The flag parser of parse_args(), for the kit's other programs (exercise 00, the collectives
+// benchmark): one Flag per option, with its help line and what to do with its value. It takes
+// --name value and --name=value, prints the flags on --help (exit 0), and stops a bad command
+// line with one line on stderr and exit code 2 (flag_error).
+struct Flag {
+  std::string name, help;
+  std::function<void(const std::string&)> set;  // the value ("" for a switch)
+  bool is_switch = false;                       // takes no value (--resume)
+};
+void parse_flags(int argc, char** argv, const std::vector<Flag>& flags);
+[[noreturn]] void flag_error(const std::string& msg);  // "error: <msg> (see --help)", exit 2
+// A whole number in [lo, hi], else flag_error naming the flag and the value.
+int64_t flag_int(const std::string& flag, const std::string& value, int64_t lo,
+                 int64_t hi = std::numeric_limits<int64_t>::max());
 
 }  // namespace kit

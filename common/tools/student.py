@@ -177,6 +177,9 @@ def cmd_list():
         rows = todos(ex)
         for f in i["files"]:
             done, labels, how = progress(ex, rows, f)
+            if not labels:  # a file to use as it is (exercise 00's job script)
+                print(f"    {f['exercise']}: no TODOs, ready to use")
+                continue
             nxt = next((l for l in labels if l not in done), None)
             print(f"    {f['exercise']}: {count(done)} of {count(labels)} TODOs done"
                   + (f", next: TODO {nxt}" if nxt else "") + f"  [{how}]")
@@ -210,6 +213,9 @@ def cmd_diff(ex, k=None):
         path = f["exercise"]
         if fixed is None:
             done, labels, how = progress(ex, rows, f)
+            if not labels:  # a file to use as it is (exercise 00's job script)
+                print(f"    {f['exercise']}: no TODOs, ready to use")
+                continue
             nxt = next((l for l in labels if l not in done), None)
             stage = int(nxt.split("-")[-1]) if nxt else final
             why = f"next: TODO {nxt}, {how}" if nxt else f"every TODO done, {how}"

@@ -25,7 +25,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes  # noqa: E402
+from plot import Axes, write_outputs  # noqa: E402
 from style import COLORS, INK, MUTED  # noqa: E402
 
 FIELDS = ["step", "epoch", "loss", "samples_per_s", "ranks", "elapsed_s"]
@@ -175,24 +175,7 @@ def main(argv):
     if len({r.ranks for r in runs}) != len(runs):
         sys.stderr.write("plot_metrics.py: give one run per number of ranks\n")
         return 1
-    stale = []
-    for name, text in render_all(runs).items():
-        path = os.path.join(a.out, name)
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
-        if old == text:
-            continue
-        if a.check:
-            stale.append(name)
-            continue
-        os.makedirs(a.out, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {path}")
-    if stale:
-        sys.stderr.write(f"plot_metrics.py: {', '.join(stale)} in {a.out} differ from the data "
-                         "(rerun without --check)\n")
-        return 1
-    return 0
+    return write_outputs(render_all(runs), a.out, a.check, "plot_metrics.py")
 
 
 if __name__ == "__main__":

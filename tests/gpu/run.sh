@@ -12,11 +12,15 @@
 #  3. runs `ctest -L gpu --output-on-failure` (tests/gpu/CMakeLists.txt lists the tests); a case
 #     that cannot run here (too few GPUs, say) is reported as skipped, and its reason is listed;
 #  4. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
-#     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward.
+#     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward;
+#  5. runs the collectives benchmark (common/bench/bench_collectives.cpp) on NCCL with one rank
+#     per GPU, 8 B to 256 MiB, and, with two GPUs or more, plots busbw against size with the
+#     alpha-beta fit (slides/tools/plot_collectives.py).
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
-# bench.txt (the table) and bench.log (the raw BENCH lines). Exit status 0 when everything built
+# bench.txt (the table) and bench.log (the raw BENCH lines), collectives.txt, collectives.csv,
+# collectives-busbw.svg and collectives-fit.md (step 5). Exit status 0 when everything built
 # and passed, 1 when a test or the benchmark failed, 2 when it could not build.
 #
 # Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
@@ -153,7 +157,7 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
 fi
 grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
 
-targets=(gpu_tests ddp_tests bench_ddp ex01-solution ddprun make_corpus corpus)
+targets=(gpu_tests ddp_tests bench_ddp bench_collectives ex01-solution ddprun make_corpus corpus)
 say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
   grep -m 20 -E 'error|Error' "$RESULTS/build.log" >&2 || tail -n 30 "$RESULTS/build.log" >&2
@@ -192,6 +196,21 @@ else
       --bench "$BUILD/bin/bench_ddp" --ddprun "$BUILD/bin/ddprun" --data "$BUILD/data/wikitext-2" \
       --python "$PYTHON" --log "$RESULTS/bench.log" "${bench_args[@]}" 2>&1 |
     tee "$RESULTS/bench.txt" || status=1
+fi
+
+# --- the collectives benchmark: NCCL, one rank per GPU ------------------------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "collectives benchmark not run" | tee "$RESULTS/collectives.txt"
+else
+  say "collectives benchmark: NCCL on $gpus GPU(s), 8 B .. 256 MiB"
+  "$BUILD/bin/ddprun" --nproc-per-node "$gpus" -- "$BUILD/bin/bench_collectives" \
+      --min-bytes 8 --max-bytes 256M --csv "$RESULTS/collectives.csv" 2>&1 |
+    tee "$RESULTS/collectives.txt" || status=1
+  if [ "$gpus" -ge 2 ]; then
+    "$PYTHON" "$ROOT/slides/tools/plot_collectives.py" --out "$RESULTS" \
+        --label "$gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F)" \
+        "$RESULTS/collectives.csv" 2>&1 | tee -a "$RESULTS/collectives.txt" || status=1
+  fi
 fi
 
 say "results in $RESULTS"

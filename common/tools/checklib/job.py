@@ -54,6 +54,8 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 TASK_VARS = ["SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURMD_NODENAME",
              "MASTER_ADDR", "MASTER_PORT"]
 SRUN_VARS = ["SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"]
+# What every start of the test cluster logs (no PMIx, no saved state yet): not worth a line.
+LOG_NOISE = ("pmix", "MPI:", "state file", "NOTE: Trying backup", "MailProg", "hwloc")
 
 
 class Interrupted(Exception):
@@ -165,7 +167,8 @@ class Cluster:
         out = []
         for path in sorted(glob.glob(os.path.join(self.dir, "log", "*.log"))):
             with open(path, errors="replace") as f:
-                tail = f.read().splitlines()[-lines:]
+                tail = [l for l in f.read().splitlines()
+                        if not any(n in l for n in LOG_NOISE)][-lines:]
             out.append(f"--- {os.path.relpath(path, self.dir)} (last {len(tail)} lines)")
             out += tail
         return "\n".join(out)

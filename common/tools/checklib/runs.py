@@ -39,7 +39,8 @@ class Run:
         for d in (trace_dir, log_dir, out_dir):
             os.makedirs(d)
         env = dict(os.environ, KIT_TRACE_DIR=trace_dir, KIT_TIMEOUT=COLLECTIVE_TIMEOUT,
-                   OMP_NUM_THREADS="1", **(env_extra or {}))
+                   OMP_NUM_THREADS="1")
+        env.update(env_extra or {})  # the rules' RUN_ENV may shorten KIT_TIMEOUT, say
         for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                     "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                     "SLURM_JOB_NODELIST", "SLURM_NODELIST"):

@@ -4,6 +4,8 @@ exercise's info.toml target ("ex01"). A rules module defines
   RUN_FLAGS      the flags of every check run; NODES_FLAGS those of the one-rank-per-node run
                  (None: no such run)
   LABELS         concept -> TODO label, for the judges of checklib/judges.py
+  RUN_ENV        optional: environment of every run, over the engine's defaults (e.g. a
+                 shorter KIT_TIMEOUT for a program that takes a second)
   prepare_data(check, directory) -> the data folder the runs read (None: no data); programs
                  of the build come from check.tool(name) (info.toml's [check] tools)
   data_key()     what the data depends on (part of the reference run's cache key)
