@@ -30,6 +30,9 @@ from .runs import kv, read
 REL_TOL = 1e-5
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 SPLITS = {"train": "training", "valid": "validation", "test": "test"}
+# How alike (difflib's ratio) a student's line must be to a TODO block's line to count as an
+# edit of it: kit::barrier() beside kit::destroy_process_group() is 0.55, a new line.
+LIKE = 0.6
 
 # One comparable event: its channel (events compared with each other, in order), the values that
 # must agree, when it happened ((training steps begun, index in the trace)), and where it was
@@ -47,9 +50,10 @@ def printed(text):
 
 
 def events(run, rank, result_lines=()):
-    """The comparable events of one rank's trace, in order. result_lines: patterns of the lines
-    that report results; rank 0's output lines that match them stand in for print0 when the
-    program printed without print0 (std::printf on rank 0 only prints the same)."""
+    """The comparable events of one rank's trace, in order. What rank 0 printed with print0 is
+    in the trace (the other ranks' print0 prints nothing). result_lines: patterns of the lines
+    that report results; where a rank printed none with print0, its output lines that match
+    them are what it printed (std::printf on every rank, or on rank 0 only)."""
     out, step, site = [], 0, ""
     trace = run.traces[rank]
     shuffling = {kv(t).get("size") for k, t in trace if k == "sampler" and kv(t).get("shuffle") == "1"}
@@ -79,7 +83,7 @@ def events(run, rank, result_lines=()):
         elif kind == "all_reduce":
             fields = {"value": float(f.get("in", "nan"))}
         elif kind == "print0" and rank == 0:
-            fields = printed(text)
+            channel, fields = ("printed",), printed(text)
         elif kind in ("save0", "checkpoint"):
             fields = {"file": os.path.basename(text.split()[0]) if text.strip() else ""}
         elif kind == "ddp":
@@ -89,10 +93,10 @@ def events(run, rank, result_lines=()):
         if fields is not None:
             out.append(Event(channel, fields, (step, i), site if kind in ("coll", "all_reduce")
                              else "", text))
-    if rank == 0 and result_lines and not any(e.channel == ("print0",) for e in out):
-        lines = [l for l in run.logs.get(0, "").splitlines()
+    if result_lines and not any(e.channel == ("printed",) for e in out):
+        lines = [l for l in run.logs.get(rank, "").splitlines()
                  if any(p.search(l) for p in result_lines)]
-        out += [Event(("print0",), printed(l), (math.inf, k), "", l) for k, l in enumerate(lines)]
+        out += [Event(("printed",), printed(l), (math.inf, k), "", l) for k, l in enumerate(lines)]
     return out
 
 
@@ -157,8 +161,9 @@ class Places:
         """The TODO label of the student's line, or None for a line outside the TODOs. The
         student's file has its own numbering and the line may be edited or new: it is placed
         between the annotated source's common lines (build_errors.todo_at), and a TODO block
-        there owns it only if it looks more like that block's lines than like any common line
-        (a learning rate edited beside TODO 8 is still the optimizer's line)."""
+        there owns it only if it looks like one of that block's lines (an edited one, not a new
+        line that merely sits beside it) and more than like any common line (a learning rate
+        edited beside TODO 8 is still the optimizer's line)."""
         block = todo_at(self.parts(), self.lines, lineno)
         if block is None:
             return None
@@ -168,7 +173,8 @@ class Places:
             return max((difflib.SequenceMatcher(None, text, norm(c)).ratio()
                         for c in candidates if c.strip()), default=0.0)
         common = likeness(item for kind, item in self.parts() if kind == "line")
-        return block["label"] if likeness(block["solution"] + block["exercise"]) >= common else None
+        own = likeness(block["solution"] + block["exercise"])
+        return block["label"] if own >= max(common, LIKE) else None
 
     def line(self, lineno):
         name = os.path.basename(self.source)
@@ -213,10 +219,11 @@ def describe(d, split_names, seed):
     after = f" after step {step}" if 0 < step < math.inf else ""
     if m is None or t is None:
         e = m or t
-        what = f"{kind} #{d.index + 1} on {rank}{after} ({short(e.text)})"
+        said = collectives.describe(kv(e.text)) if kind == "coll" else short(e.text)
+        what = f"{'collective' if kind == 'coll' else kind} #{d.index + 1} on {rank}{after}: {said}"
         what = f"your run has an extra {what}, which the solution's does not" if m else \
             f"the solution's run has {what}, yours has none"
-        return what, concept_of(d), e.site, e.text if kind == "print0" else None
+        return what, concept_of(d), e.site, e.text if kind == "printed" else None
     mf, tf = m.fields, t.fields
     if kind == "setup":
         return (f"kit::setup() was given seed {mf['seed']}, the solution's {tf['seed']}"
@@ -259,8 +266,8 @@ def describe(d, split_names, seed):
         return (f"collective #{d.index + 1} on {rank}{after} is "
                 f"{collectives.describe(kv(m.text))}, the solution's "
                 f"{collectives.describe(kv(t.text))}", None, m.site, None)
-    if kind == "print0":
-        return (f"rank 0 printed \"{m.text.strip()}\" where the solution prints "
+    if kind == "printed":
+        return (f"{rank} printed \"{m.text.strip()}\" where the solution prints "
                 f"\"{t.text.strip()}\"", None, "", m.text)
     if kind in ("save0", "checkpoint"):
         return (f"{kind} #{d.index + 1}{after} wrote {mf['file']}, the solution's {tf['file']}",
@@ -323,28 +330,27 @@ def first_place(check):
     return f"{what} ({where})"
 
 
-def judge_run(check, final_loss, quantity="final test loss"):
+def judge_run(check, what, differs=""):
     """The closing verdict ("all"): the run is the solution's, event by event, and ends with its
-    final loss. When it is not, the verdict names a place, never a ✘ that is not there: the first
-    failing TODO, else where the run first left the solution's."""
-    v, many, ranks = check.verdicts, check.many, check.ranks
-    what = f"your run on {ranks} ranks follows the solution's, to the same {quantity}"
-    if not many.finished():
+    results. differs: the exercise's own words for how the end result differs from the
+    solution's ("" when it does not: a final loss, the printed results). When the run is not the
+    solution's, the verdict names a place, never a \u2718 that is not there: the first failing
+    TODO, else where the run first left the solution's."""
+    v = check.verdicts
+    if not check.many.finished():
         v.add("all", False, what, "the run did not finish (see above)")
         return
-    mine, theirs = final_loss(many), final_loss(check.reference)
-    same = mine is not None and theirs is not None and math.isclose(mine, theirs, rel_tol=1e-4)
-    loss = "" if same else f"{quantity} {mine} vs the solution's {theirs}; "
+    lead = f"{differs}; " if differs else ""
     failed = v.failed()
     if failed:  # what fails explains the rest: no need to trace it
-        v.add("all", False, what, f"{loss}fix TODO {failed[0]} first (its \u2718 is above)")
+        v.add("all", False, what, f"{lead}fix TODO {failed[0]} first (its \u2718 is above)")
         return
     place = first_place(check)
     if place:
-        v.add("all", False, what, f"{loss}your run first leaves the solution's here: {place}")
-    elif not same:
+        v.add("all", False, what, f"{lead}your run first leaves the solution's here: {place}")
+    elif differs:
         where = Places(v, check.args.exercise, check.source, getattr(check.rules, "PLACES", {}))
-        v.add("all", False, what, f"{loss}every traced event agrees with the solution's run, so "
+        v.add("all", False, what, f"{lead}every traced event agrees with the solution's run, so "
               f"the difference comes after the last of them ({where.at(anchor='final')})")
     else:
         v.add("all", True, what)

@@ -18,6 +18,6 @@ judge_run()):
   PLACES         name -> (a piece of a solution line, what it is): the trainer lines that a
                  difference outside the TODOs points at ("init", "forward", "update",
                  "checkpoint", "final")
-  RESULT_LINES   patterns of the printed result lines, compared from rank 0's output when the
-                 trainer prints them without print0
+  RESULT_LINES   patterns of the printed result lines, compared from a rank's output when that
+                 rank printed them without print0
 """
