@@ -43,10 +43,15 @@ Difference = namedtuple("Difference", "rank channel index mine theirs at")
 
 
 def printed(text):
-    """A printed line: its words, and its numbers with the precision they were printed with."""
-    numbers = tuple((float(n), 10.0 ** -len(n.partition(".")[2]) if "." in n else 1.0)
-                    for n in NUMBER.findall(text))
-    return {"words": NUMBER.sub("#", text), "numbers": numbers}
+    """A printed line: its words, and its numbers, each with one unit of its last printed digit
+    (rounding moves a value by less); whole numbers (an epoch, a count) must be equal."""
+    numbers = []
+    for n in NUMBER.findall(text):
+        mantissa, _, exponent = n.lower().partition("e")
+        decimals = len(mantissa.partition(".")[2])
+        unit = 10.0 ** (int(exponent or 0) - decimals) if "." in mantissa or exponent else 0.0
+        numbers.append((float(n), unit))
+    return {"words": NUMBER.sub("#", text), "numbers": tuple(numbers)}
 
 
 def events(run, rank, result_lines=()):
@@ -110,8 +115,8 @@ def agree(a, b):
                                        for (p, u), (q, w) in zip(x, y)):
                 return False
         elif isinstance(x, float):
-            if not math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-6):
-                return False
+            if not (math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-6) or x != x and y != y):
+                return False  # (x != x: NaN, which both runs may have reached)
         elif x != y:
             return False
     return True
@@ -234,7 +239,10 @@ def describe(d, split_names, seed):
         k = diff[0]
         what = f"your {split} sampler was created with {k} {mf.get(k)}, the solution's with {k} " \
                f"{tf.get(k)}" + (flag(tf.get(k), seed) if k == "seed" else "")
-        return what + f": from step 1 on, the {split} order differs", "sampler", "", None
+        if k in ("seed", "shuffle"):
+            what += f": from step 1 on, the {split} order differs" if split == "training" else \
+                f": the {split} samples are read in another order"
+        return what, "sampler", "", None
     if kind == "set_epoch":
         return (f"{rank} called set_epoch({mf['epoch']}) where the solution calls "
                 f"set_epoch({tf['epoch']})", "set_epoch", "", None)
