@@ -21,7 +21,8 @@ Kinds:
 usage: mutants.py list EXERCISE              id kind todo, one mutant a line (for CMake)
        mutants.py write EXERCISE ID SOLUTION OUT
        mutants.py show EXERCISE ID           the mutant as JSON
-       mutants.py verify                     every patch applies; every TODO is covered
+       mutants.py verify                     every patch applies; every TODO is covered; the
+                                             check rules' PLACES are in the solution
 """
 import importlib.util
 import json
