@@ -18,7 +18,8 @@ DistributedSampler::DistributedSampler(size_t dataset_size, bool shuffle, uint64
   TORCH_CHECK(rank_ < replicas_, "DistributedSampler: rank ", rank_, " >= num_replicas ", replicas_);
   trace::record("sampler", "size=" + std::to_string(dataset_size_) + " replicas=" +
                                std::to_string(replicas_) + " rank=" + std::to_string(rank_) +
-                               " shuffle=" + std::to_string(shuffle_));
+                               " shuffle=" + std::to_string(shuffle_) +
+                               " seed=" + std::to_string(seed_));
 }
 
 std::vector<size_t> DistributedSampler::indices() const {

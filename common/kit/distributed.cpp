@@ -209,7 +209,8 @@ Setup setup(uint64_t seed) {
     trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
                                std::to_string(env.local_rank) + " world_size=" +
                                std::to_string(env.world_size) + " device=" + device.str() +
-                               " backend=" + backend + " threads=" + std::to_string(threads));
+                               " backend=" + backend + " threads=" + std::to_string(threads) +
+                               " seed=" + std::to_string(seed));
     std::atexit(record_exit);
   }
   return Setup{env.local_rank, env.rank, device, env.world_size};

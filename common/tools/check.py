@@ -5,7 +5,9 @@ Runs the trainer once alone, once on several ranks of one node (ddprun; Gloo on 
 GPUs on a cluster node) and once with every rank on a node of its own (rank != local rank), with
 the run trace switched on (KIT_TRACE_DIR, see common/kit/trace.h), and runs the solution on the
 same data and seed. Then it judges every TODO from the traces and the ranks' output, prints one
-line per TODO (✔ or ✘ with the reason) and exits 1 if any fails.
+line per TODO (✔ or ✘ with the reason), closes with a row that compares the run with the
+solution's event by event and names where they first part (checklib/compare.py), and exits 1 if
+any fails.
 
 This is the one implementation of "student code reaches the same loss and uses every GPU": the
 test suite (tests/student, tests/mutations) and `./kit check` all call it.

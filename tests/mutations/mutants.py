@@ -14,11 +14,15 @@ Kinds:
              must be exactly {todo} | also ("all", the final-loss row, is not constrained)
   compile    does not compile; the check's compiler report must name `todo`
   equivalent a correct rewrite the check must pass in full (guards against false alarms)
+  diverges   compiles and passes every TODO, but the run is not the solution's: the closing row
+             ("all") must fail and name the place where the run first leaves the solution's,
+             `todo` ("-": outside the TODOs), and contain every phrase of `also`
 
 usage: mutants.py list EXERCISE              id kind todo, one mutant a line (for CMake)
        mutants.py write EXERCISE ID SOLUTION OUT
        mutants.py show EXERCISE ID           the mutant as JSON
-       mutants.py verify                     every patch applies; every TODO is covered
+       mutants.py verify                     every patch applies; every TODO is covered; the
+                                             check rules' PLACES are in the solution
 """
 import importlib.util
 import json
@@ -77,6 +81,14 @@ def apply(m, text, where):
     return text
 
 
+def rules_of(ex):
+    """The exercise's check rules (common/tools/rules/<target>.py)."""
+    sys.path.insert(0, os.path.join(ROOT, "common", "tools"))
+    info = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "info", ex],
+                          capture_output=True, text=True, check=True)
+    return importlib.import_module(f"rules.{json.loads(info.stdout)['target']}")
+
+
 def solution_path(ex):
     info = subprocess.run([sys.executable, os.path.join(ROOT, "common/tools/stages.py"), "info", ex],
                           capture_output=True, text=True, check=True)
@@ -93,6 +105,12 @@ def verify():
         labels = {r["todo"] for r in rows if r.get("lang", "cpp") == "cpp"}
         path = solution_path(ex)
         text = open(path, encoding="utf-8").read()
+        # The trainer lines the check's closing row points at are found by a piece of their text
+        # (common/tools/rules/<target>.py, PLACES): each piece must still be in the solution.
+        for name, (piece, _) in sorted(getattr(rules_of(ex), "PLACES", {}).items()):
+            if piece not in text:
+                errors.append(f"{ex}: PLACES['{name}'] of its check rules, '{piece}', is not in "
+                              f"{path}: update common/tools/rules/ to the changed solution")
         seen = set()
         for m in mutants(ex):
             if m["id"] in seen:
@@ -103,10 +121,10 @@ def verify():
                     errors.append(f"{ex}: mutant '{m['id']}' changes nothing")
             except MutantError as e:
                 errors.append(f"{ex}: {e}")
-            if m["todo"] not in labels:
+            if m["todo"] not in labels and not (m["kind"] == "diverges" and m["todo"] == "-"):
                 errors.append(f"{ex}: mutant '{m['id']}' names TODO {m['todo']}, which the "
                               f"exercise does not have ({sorted(labels)})")
-        covered = {m["todo"] for m in mutants(ex) if m["kind"] != "equivalent"}
+        covered = {m["todo"] for m in mutants(ex) if m["kind"] in ("run", "compile")}
         for label in sorted(labels - covered, key=lambda l: int(l.split("-")[0])):
             errors.append(f"{ex}: no mutant for TODO {label}")
         print(f"{ex}: {len(mutants(ex))} mutants, TODOs covered: "

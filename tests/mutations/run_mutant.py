@@ -7,7 +7,9 @@ usage: run_mutant.py EXERCISE ID check -- <check.py arguments>
                                           [--cmake CMAKE]
 
 `check`: kind "run" must fail with its first ✘ on the mutant's TODO and exactly the expected
-TODOs failing; kind "equivalent" must pass everything.
+TODOs failing; kind "equivalent" must pass everything; kind "diverges" must pass every TODO and
+fail the closing row ("all"), which names the mutant's TODO (or "outside the TODOs") and holds
+every phrase of its `also`.
 `compile`: builds TARGET (which must fail), then asks check.py to explain the build log, as
 `./kit check` does; the explanation must show the compiler error and name the TODO.
 """
@@ -46,6 +48,17 @@ def run_check(ex, m, rest):
         if p.returncode != 0 or any(not ok for ok, _ in got):
             errors.append(f"a correct rewrite was judged wrong (exit {p.returncode}, failing: "
                           f"{[l for ok, l in got if not ok]})")
+    elif m["kind"] == "diverges":
+        closing = next((l for l in p.stdout.splitlines() if ROW.match(l)
+                        and ROW.match(l).group(2) == "all"), "")
+        place = "outside the TODOs" if m["todo"] == "-" else f"(TODO {m['todo']}"
+        if p.returncode == 0 or not closing.lstrip().startswith("\u2718"):
+            errors.append(f"the check passed a run that is not the solution's (exit {p.returncode})")
+        if failed:
+            errors.append(f"TODO(s) {failed} failed; every TODO should pass")
+        for phrase in [place] + m["also"]:
+            if phrase not in closing:
+                errors.append(f"the closing row does not say '{phrase}': {closing.strip()}")
     else:
         want = {m["todo"]} | set(m["also"])
         if p.returncode == 0:

@@ -11,4 +11,13 @@ exercise's info.toml target ("ex01"). A rules module defines
   data_key()     what the data depends on (part of the reference run's cache key)
   judge(check)   adds one verdict per TODO to check.verdicts, from check.many, check.nodes,
                  check.alone and check.reference (checklib/engine.py)
+
+and may define, for the closing comparison with the solution's run (checklib/compare.py,
+judge_run()):
+
+  PLACES         name -> (a piece of a solution line, what it is): the trainer lines that a
+                 difference outside the TODOs points at ("init", "forward", "update",
+                 "checkpoint", "final")
+  RESULT_LINES   patterns of the printed result lines, compared from a rank's output when that
+                 rank printed them without print0
 """

@@ -16,6 +16,7 @@ each one it enters), so a result computed by hand does not pass."""
 import math
 import re
 
+from checklib import compare
 from checklib.runs import kv, read
 
 ELEMENTS = 3
@@ -32,6 +33,8 @@ WHOAMI = re.compile(r"^rank (\d+) of (\d+): local rank (\d+), device (\S+)\s*$",
 RESULT = re.compile(r"^rank \d+: (mine|broadcast|all_reduce SUM|all_reduce AVG|all_gather|"
                     r"reduce_scatter) ?([-+0-9.e ]*)$", re.M)
 BARRIER = re.compile(r"^rank \d+: after the barrier (\d+) of (\d+) ranks had arrived", re.M)
+# The lines the run is compared by with the solution's, on every rank (checklib/compare.py).
+RESULT_LINES = (RESULT, BARRIER)
 
 
 def data_key():
@@ -215,6 +218,6 @@ def judge(check):
     # Everything together, against the solution's run on the same ranks.
     mine = [results(many.logs.get(r, "")) for r in range(ranks)]
     theirs = [results(check.reference.logs.get(r, "")) for r in range(ranks)]
-    ok = many.finished() and mine == theirs and all(mine)
-    v.add("all", ok, f"every rank's results on {ranks} ranks match the solution's",
-          "" if ok else "the first \u2718 above is the place to look")
+    same = mine == theirs and all(mine)
+    compare.judge_run(check, f"every rank's results and collectives on {ranks} ranks match the "
+                      "solution's run", "" if same else "the results differ from the solution's")

@@ -4,8 +4,7 @@ import os
 import re
 import subprocess
 
-from checklib import judges
-from checklib.verdicts import CROSS
+from checklib import compare, judges
 
 # Small and quick: the checks look at behaviour, not at model quality.
 RUN_FLAGS = ["--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
@@ -24,6 +23,16 @@ LOSS_TOL = 2e-5
 SAVED_FILES = ("model-best.pt", "model-final.pt")
 # Collectives the kit makes on the trainer's behalf, by file: DDP's belong to its TODO.
 COLLECTIVE_FILES = {"ddp.cpp": "ddp"}
+# The lines that report results: rank 0's output lines the run is compared by when the trainer
+# prints them without print0 (std::printf on rank 0 only prints the same).
+RESULT_LINES = (LOSS_LINE, TEST_LINE)
+# Where a difference from the solution's run points when no TODO owns it (checklib/compare.py):
+# a piece of the solution's line, found in the student's file by its text, and what it is.
+PLACES = {"init": ("kit::TransformerLM model(", "the line that creates the model"),
+          "forward": ("kit::TransformerLM model(", "the model's options (dropout, sizes)"),
+          "update": ("torch::optim::AdamW optimizer(", "the line that creates the optimizer"),
+          "checkpoint": ("checkpoints.save(", "the checkpoints' save"),
+          "final": ("evaluate(model, test_loader", "the final evaluation")}
 
 LABELS = {"include": "1", "setup": "2-3", "sampler": "4", "loader-train": "5",
           "loader-valid": "6", "loader-test": "7", "ddp": "8", "set_epoch": "9",
@@ -59,8 +68,7 @@ def judge(check):
     judges.check_destroy(v, many, ranks)
     mine = judges.final_test_loss(many, check.rules)
     theirs = judges.final_test_loss(check.reference, check.rules)
-    same = many.finished() and mine is not None and theirs is not None and \
-        math.isclose(mine, theirs, rel_tol=1e-4)
-    why = "" if same else "the run did not finish (see above)" if not many.finished() else \
-        f"{mine} vs the solution's {theirs}; the first {CROSS} above is the place to look"
-    v.add("all", same, f"final test loss on {ranks} ranks matches the solution's", why)
+    same = mine is not None and theirs is not None and math.isclose(mine, theirs, rel_tol=1e-4)
+    compare.judge_run(check, f"your run on {ranks} ranks follows the solution's, to the same "
+                      "final test loss",
+                      "" if same else f"final test loss {mine} vs the solution's {theirs}")

@@ -34,3 +34,12 @@ MUTANTS = [
      "leaves while rank 0 waits for it",
      [("  kit::barrier();\n", "  if (rank == 0) kit::barrier();\n")], []),
 ]
+
+# Passes every TODO, yet the run is not the solution's: the closing row must say where it first
+# leaves it (kind "diverges", tests/mutations/mutants.py).
+MUTANTS += [
+    ("second-barrier", "diverges", "-", "a second kit::barrier() just before leaving: every "
+     "result is right, but the collectives are not the solution's",
+     [("  kit::destroy_process_group();\n",
+       "  kit::barrier();\n  kit::destroy_process_group();\n")], ["extra collective #7 on rank 0: barrier #7"]),
+]

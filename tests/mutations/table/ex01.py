@@ -74,10 +74,56 @@ MUTANTS = [
     ("eval-all-reduce-rank0-only", "run", "10", "the evaluation's all_reduce inside `if (rank "
      "== 0)`: the other ranks never join it, and the run hangs until the collective timeout",
      [(AVG_EVAL, "if (kit::get_rank() == 0) " + AVG_EVAL)], ["7", "9", "11", "13"]),
-    ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size "
-     "(correct: must pass)",
+    # Correct rewrites in one program (one build less): the TODO checks and the comparison with
+    # the solution's run, which does not compare the reduction op, must both let them pass.
+    ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size; "
+     "and the samplers made in another order, the validation sampler with args.seed (it does "
+     "not shuffle, so the seed changes nothing) (correct: must pass)",
      [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
        "  mean /= kit::get_world_size();"),
       (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
-       "  mean /= kit::get_world_size();")], []),
+       "  mean /= kit::get_world_size();"),
+      ("  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n"
+       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);\n"
+       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n",
+       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n"
+       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false, args.seed);\n"
+       "  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n")], []),
+]
+
+# Mistakes that every TODO's judgment lets through but that change the run: the check's closing
+# row must name where the run first leaves the solution's (the TODO, or "outside the TODOs") and
+# say what differs (kind "diverges": `also` holds words the row must contain).
+MUTANTS += [
+    ("sampler-seed-default", "diverges", "4", "the training sampler without args.seed: every "
+     "rank shuffles with the default seed 0, alike, so the slices are right but the order is "
+     "not the solution's",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/true);")], ["with seed 0", "with seed 7"]),
+    ("setup-seed", "diverges", "2-3", "kit::setup(args.seed + 1): other initial weights",
+     [("kit::setup(args.seed);", "kit::setup(args.seed + 1);")], ["seed 8"]),
+    ("set-epoch-plus-one", "diverges", "9", "set_epoch(epoch + 1): a new order every epoch, but "
+     "not the solution's",
+     [("train_sampler.set_epoch(epoch);", "train_sampler.set_epoch(epoch + 1);")],
+     ["set_epoch(1)", "set_epoch(0)"]),
+    ("reseeded-init", "diverges", "-", "torch::manual_seed(0) just before the model is made "
+     "(outside the TODOs): other initial weights",
+     [("  kit::TransformerLM model(", "  torch::manual_seed(0);\n  kit::TransformerLM model(")],
+     ["step 1 starts from", "kit::TransformerLM model("]),
+    ("dropout-outside", "diverges", "-", "dropout 0.2 set on the model's options outside the "
+     "TODOs (the run asks for 0)",
+     [("kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));",
+       "auto options = kit::TransformerLMOptions::from(args, corpus.vocab.size());\n"
+       "  options.dropout = 0.2;\n  kit::TransformerLM model(options);")],
+     ["step 1: the training loss", "kit::TransformerLM model("]),
+    ("lr-doubled", "diverges", "-", "the learning rate doubled outside the TODOs",
+     [("torch::optim::AdamWOptions(args.lr)", "torch::optim::AdamWOptions(args.lr * 2)")],
+     ["step 2 starts from other weights", "AdamW optimizer("]),
+    ("extra-barrier", "diverges", "-", "a kit::barrier() added at each epoch's end (outside "
+     "the TODOs): the same numbers, but the collectives are not the solution's",
+     [("    metrics.end_epoch(epoch);", "    kit::barrier();\n    metrics.end_epoch(epoch);")],
+     ["is barrier #", "`kit::barrier();`"]),
+    ("print-changed", "diverges", "11", "the epoch line prints 'ppl' for 'perplexity'",
+     [("validation loss %.5f (perplexity %.2f)\\n\", epoch + 1",
+       "validation loss %.5f (ppl %.2f)\\n\", epoch + 1")], ["(ppl ", "(perplexity "]),
 ]
