@@ -57,8 +57,9 @@ def printed(text):
 def events(run, rank, result_lines=()):
     """The comparable events of one rank's trace, in order. What rank 0 printed with print0 is
     in the trace (the other ranks' print0 prints nothing). result_lines: patterns of the lines
-    that report results; where a rank printed none with print0, its output lines that match
-    them are what it printed (std::printf on every rank, or on rank 0 only)."""
+    that report results, the only printed lines compared; where a rank printed none with print0,
+    its output lines that match them are what it printed (std::printf on every rank, or on
+    rank 0 only)."""
     out, step, site = [], 0, ""
     trace = run.traces[rank]
     shuffling = {kv(t).get("size") for k, t in trace if k == "sampler" and kv(t).get("shuffle") == "1"}
@@ -87,7 +88,9 @@ def events(run, rank, result_lines=()):
             fields = {k: f.get(k) for k in ("kind", "shape", "dtype")}
         elif kind == "all_reduce":
             fields = {"value": float(f.get("in", "nan"))}
-        elif kind == "print0" and rank == 0:
+        elif kind == "print0" and rank == 0 and (
+                not result_lines or any(p.search(text) for p in result_lines)):
+            # Results only: a line of the student's own (a debugging print) changes no result.
             channel, fields = ("printed",), printed(text)
         elif kind in ("save0", "checkpoint"):
             fields = {"file": os.path.basename(text.split()[0]) if text.strip() else ""}

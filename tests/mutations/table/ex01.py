@@ -78,7 +78,8 @@ MUTANTS = [
     # the solution's run, which does not compare the reduction op, must both let them pass.
     ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size; "
      "and the samplers made in another order, the validation sampler with args.seed (it does "
-     "not shuffle, so the seed changes nothing) (correct: must pass)",
+     "not shuffle, so the seed changes nothing); and a debugging print0 of the student's own "
+     "(no result changes) (correct: must pass)",
      [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
        "  mean /= kit::get_world_size();"),
       (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
@@ -88,7 +89,10 @@ MUTANTS = [
        "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n",
        "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n"
        "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false, args.seed);\n"
-       "  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n")], []),
+       "  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n"),
+      ("    metrics.end_epoch(epoch);",
+       "    kit::print0(\"debug: epoch %ld is over\\n\", epoch + 1);\n    metrics.end_epoch(epoch);")],
+     []),
 ]
 
 # Mistakes that every TODO's judgment lets through but that change the run: the check's closing
