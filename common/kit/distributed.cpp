@@ -24,6 +24,10 @@
 #include "kit/files.h"
 #include "kit/trace.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // mallopt
+#endif
+
 namespace kit {
 namespace {
 
@@ -144,6 +148,25 @@ int intra_op_threads(const RankEnv& env) {
 [[maybe_unused]] const bool g_terminate_installed = [] {
   std::set_terminate(die_with_one_line);
   return true;
+}();
+
+// glibc's malloc gives a large block (from 128 KiB up; its threshold rises only as far as 32
+// MiB) straight back to the kernel when it is freed, and returns free heap space above 128 KiB.
+// A training step frees and reallocates the same activations and gradients every step, so every
+// step pays page faults to get back the memory it has just given away: on the CPU, about a fifth
+// of the benchmark model's step (tests/bench; PyTorch users get the same from MALLOC_* variables
+// or another allocator). Keeping freed memory in the process costs only the RSS that the next
+// step needs anyway. Set when kit_common is loaded, for every kit program; KIT_MALLOC=default
+// leaves glibc's settings alone. (Set before any allocation of ours; both calls also turn off
+// glibc's dynamic threshold, which is why they go together: either one alone is slower.)
+[[maybe_unused]] const bool g_malloc_tuned = [] {
+#if defined(__GLIBC__)
+  const char* mode = std::getenv("KIT_MALLOC");
+  if (mode != nullptr && std::string(mode) == "default") return false;
+  return mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+#else
+  return false;
+#endif
 }();
 
 void record_exit() {

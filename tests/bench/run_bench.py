@@ -31,6 +31,10 @@ report the tail as the wait (see bench_ddp.cpp): NCCL's wait() does not block th
 Only the Python standard library here; the torch side runs under --python (the bench target passes
 the Python whose torch is the build's LibTorch).
 Threads: OMP_NUM_THREADS and --threads are set to the same value for both implementations.
+Memory: the kit keeps freed memory in the process (glibc's mallopt, set when kit_common loads:
+common/kit/distributed.cpp); the Python runs get the same two settings through glibc's
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_, so that the ratios compare C++ with Python, not
+two allocator settings. BENCH_MALLOC=default runs both sides with glibc's defaults.
 Nothing is asserted about times; the exit code is non-zero only if a run fails or the two models
 do not have the same number of parameters.
 """
@@ -41,6 +45,13 @@ import statistics
 import subprocess
 import sys
 import time
+
+# The kit's allocator settings (kit/distributed.cpp, 1 GiB each) for both sides; or glibc's
+# defaults for both (the kit's own switch is KIT_MALLOC=default).
+if os.environ.get("BENCH_MALLOC") == "default":
+    MALLOC_ENV = {"KIT_MALLOC": "default"}
+else:
+    MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -144,9 +155,14 @@ def main():
     print("DDP benchmark: vocab %d, %d timed steps after %d warm-up, %d repeats, %d cores, load %.2f%s"
           % (vocab, args.steps, args.warmup, args.repeats, os.cpu_count() or 0, loadavg(),
              ", %d GPU rank(s)" % ranks if args.device == "cuda" else ""), flush=True)
+    print("malloc: %s" % ("glibc's defaults on both sides (BENCH_MALLOC=default)"
+                          if "KIT_MALLOC" in MALLOC_ENV else
+                          "the kit's settings on both sides (freed memory stays in the process)"),
+          flush=True)
     for r in range(args.repeats):
         for label, threads, cmd in configs:
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            env.update(MALLOC_ENV)
             loads.append(loadavg())
             t = time.time()
             try:
