@@ -190,6 +190,14 @@ def main():
     def spread(v, fmt="%.0f"):
         return (fmt + " to " + fmt) % (min(v), max(v))
 
+    def allr_rate(label):
+        """MiB/s of the gradient all-reduce: gradient bytes over its wall time (0: no time)."""
+        ms = med(label, "reduce_ms_median")
+        return med(label, "reduce_bytes") / 1048576 / (ms / 1e3) if ms > 0 else 0
+
+    def ratio(a, b):
+        return [x / y for x, y in zip(a, b)]
+
     params = {label: results[label][0]["params"] for label in results}
     cpp_params, py_params = params[role["overlap"]], params[role["py_ddp"]]
     print()
@@ -208,13 +216,11 @@ def main():
     for label, _, _ in configs:
         ddp = results[label][0]["ddp"] == "1"
         opt = lambda key, fmt="%.1f": fmt % med(label, key) if ddp else "-"  # noqa: E731
-        rate = med(label, "reduce_bytes") / 1048576 / (med(label, "reduce_ms_median") / 1e3) \
-            if ddp and med(label, "reduce_ms_median") > 0 else 0
         print("%-30s %8.1f %11s %7.1f %7.1f %7s %7s %7s %8s %8s %8s %7.1f %9.1f" % (
             label, med(label, "step_ms_median"), spread(values(label, "step_ms_median")),
             med(label, "fwd_ms_median"), med(label, "bwd_ms_median"), opt("wait_ms_median"),
             opt("tail_ms_median"), opt("copy_ms_median", "%.2f"), opt("reduce_ms_median"),
-            "%.0f" % rate if ddp else "-", opt("loopback_mb_per_s", "%.0f"),
+            "%.0f" % allr_rate(label) if ddp else "-", opt("loopback_mb_per_s", "%.0f"),
             med(label, "cpu_ms_median"), med(label, "samples_per_s")))
 
     print()
@@ -238,22 +244,20 @@ def main():
                  med(rl["py_ddp"], "tail_ms_median")))
         mb = med(rl["overlap"], "reduce_bytes") / 1048576
         for side in ("overlap", "no_overlap", "py_ddp"):
-            ms = med(rl[side], "reduce_ms_median")
             print("               all-reduce %-11s %.1f ms for %.2f MiB = %.0f MiB/s; Gloo alone, same run: %.1f ms = %.0f MiB/s"
-                  % (side.replace("_", "-").replace("py-ddp", "PyTorch") + ":", ms, mb,
-                     mb / (ms / 1e3) if ms > 0 else 0, med(rl[side], "loopback_ms_median"),
-                     med(rl[side], "loopback_mb_per_s")))
+                  % (side.replace("_", "-").replace("py-ddp", "PyTorch") + ":",
+                     med(rl[side], "reduce_ms_median"), mb, allr_rate(rl[side]),
+                     med(rl[side], "loopback_ms_median"), med(rl[side], "loopback_mb_per_s")))
         ratios = [
-            ("step time, overlap", [a / b for a, b in zip(per("overlap"), per("py_ddp"))]),
-            ("step time, no-overlap", [a / b for a, b in zip(per("no_overlap"), per("py_ddp"))]),
-            ("floor", [a / b for a, b in zip(per("floor_cpp"), per("floor_py"))]),
-            ("CPU time per step", [a / b for a, b in zip(per("overlap", "cpu_ms_median"),
-                                                         per("py_ddp", "cpu_ms_median"))]),
+            ("step time, overlap", ratio(per("overlap"), per("py_ddp"))),
+            ("step time, no-overlap", ratio(per("no_overlap"), per("py_ddp"))),
+            ("floor", ratio(per("floor_cpp"), per("floor_py"))),
+            ("CPU time per step", ratio(per("overlap", "cpu_ms_median"), per("py_ddp", "cpu_ms_median"))),
         ]
         # A ratio of overheads means something only when both overheads stood out of the noise.
         overheads_clear = min(over_py) > 0 and min(over_cpp) > 0
         if overheads_clear:
-            ratios.append(("DDP overhead, overlap", [a / b for a, b in zip(over_cpp, over_py)]))
+            ratios.append(("DDP overhead, overlap", ratio(over_cpp, over_py)))
         for what, v in ratios:
             m = statistics.median(v)
             verdict = ("C++ lower in every repeat" if max(v) < 1 else "C++ higher in every repeat"

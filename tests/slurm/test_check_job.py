@@ -15,10 +15,8 @@ import subprocess
 import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from verdict import expect, finish  # noqa: E402 (tests/support)
-from job_mutants import check_job  # noqa: E402 (its output streams; see there)
+from job_mutants import EX, ROOT, check_job  # noqa: E402 (its output streams; see there)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EX = "01-transformer-lm-ddp"
 TODOS = ["14", "15", "16", "17"]
 
 

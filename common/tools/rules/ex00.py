@@ -218,6 +218,6 @@ def judge(check):
     # Everything together, against the solution's run on the same ranks.
     mine = [results(many.logs.get(r, "")) for r in range(ranks)]
     theirs = [results(check.reference.logs.get(r, "")) for r in range(ranks)]
-    same = mine == theirs and all(mine)
+    alike = mine == theirs and all(mine)
     compare.judge_run(check, f"every rank's results and collectives on {ranks} ranks match the "
-                      "solution's run", "" if same else "the results differ from the solution's")
+                      "solution's run", "" if alike else "the results differ from the solution's")
