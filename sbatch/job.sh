@@ -296,11 +296,13 @@ kit_requeue() {
   [ "$n" -lt "$max" ] ||
     kit_die "the training stopped at a checkpoint before the time limit, but this job was" \
       "requeued $n times already (KIT_MAX_REQUEUES=$max): $again"
+  # Said before the requeue, not after: Slurm may end this script as soon as it requeues the job,
+  # before a line after `scontrol requeue` could be written.
+  kit_say "requeuing job $SLURM_JOB_ID (restart $((n + 1))): the next run continues from the" \
+    "checkpoint in ${KIT_OUT:-the run folder}"
   if ! why=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
     kit_die "the training stopped at a checkpoint before the time limit, but" \
       "'scontrol requeue $SLURM_JOB_ID' failed (${why//$'\n'/ }): $again"
   fi
-  kit_say "requeued job $SLURM_JOB_ID (restart $((n + 1))): the next run continues from the" \
-    "checkpoint in ${KIT_OUT:-the run folder}"
   exit 0  # Slurm ends this run of the job now; nothing after the step may run
 }

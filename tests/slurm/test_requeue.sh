@@ -51,7 +51,7 @@ mkdir -p "$work/ddprun/out"
 "$BUILD/bin/ddprun" --nproc-per-node 2 -- "$BUILD/bin/ex01-solution" --data-dir "$DATA" \
   --out-dir "$work/ddprun/out" "${flags[@]}" >"$work/ddprun/out.txt" 2>"$work/ddprun/err.txt"
 
-requeues=$(count_lines "$OUT" "^ex01: requeued job $JOB \\(restart [0-9]+\\)")
+requeues=$(count_lines "$OUT" "^ex01: requeuing job $JOB \\(restart [0-9]+\\)")
 say "the job was requeued $requeues time(s)"
 
 warned_and_requeued() {

@@ -92,7 +92,7 @@ usr1_requeues() {
   batch USR1
   expect status "$STATUS" 0 &&
     expect output "$OUTPUT" "ex01: SIGUSR1 (the time limit is near): the training saves a checkpoint and stops
-ex01: requeued job 4242 (restart 1): the next run continues from the checkpoint in ${FAKE_LOG%/log}/out" &&
+ex01: requeuing job 4242 (restart 1): the next run continues from the checkpoint in ${FAKE_LOG%/log}/out" &&
     expect log "$LOG" "step got USR1
 requeue 4242"
 }
@@ -101,7 +101,7 @@ check "USR1: passed on, job requeued, script ends" usr1_requeues
 restart_count() {
   batch USR1 SLURM_RESTART_COUNT=3
   expect status "$STATUS" 0 || return 1
-  [[ $OUTPUT == *"requeued job 4242 (restart 4)"* ]] && return 0
+  [[ $OUTPUT == *"requeuing job 4242 (restart 4)"* ]] && return 0
   say "  output: $OUTPUT"
   return 1
 }
@@ -136,6 +136,7 @@ requeue_refused() {
   batch USR1 FAKE_SCONTROL_FAILS=1
   expect status "$STATUS" 1 &&
     expect output "$OUTPUT" "ex01: SIGUSR1 (the time limit is near): the training saves a checkpoint and stops
+ex01: requeuing job 4242 (restart 1): the next run continues from the checkpoint in ${FAKE_LOG%/log}/out
 ex01: error: the training stopped at a checkpoint before the time limit, but 'scontrol requeue 4242' failed (scontrol: error: Job is not requeueable): submit again with KIT_OUT_DIR=${FAKE_LOG%/log}/out to continue from it"
 }
 check "requeue refused: one line, how to continue, exit 1" requeue_refused
