@@ -43,6 +43,27 @@ def rows_of(path):
         return sum(1 for _ in csv.DictReader(f))
 
 
+def run_once(bin_dir, trainer, ranks, run_dir, table, args, env):
+    """One run of `trainer` on `ranks` ranks under ddprun, its output in run_dir/stdout.log; it
+    must append one row to the CSV `table` (--summary-csv), which is returned as a dict. Raises
+    RuntimeError with one line when the run fails. Also used by tests/bench/bench_images.py."""
+    cmd = [os.path.join(bin_dir, "ddprun"), "--nproc-per-node", str(ranks), "--",
+           os.path.join(bin_dir, trainer), "--out-dir", run_dir, "--summary-csv", table] + args
+    before = rows_of(table)
+    log_path = os.path.join(run_dir, "stdout.log")
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("# " + " ".join(cmd) + "\n")
+        log.flush()
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        sys.stderr.write(open(log_path, encoding="utf-8").read()[-2000:])
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit code {rc}); its output: {log_path}")
+    if rows_of(table) != before + 1:
+        raise RuntimeError(f"{trainer} added no row to {table} (--summary-csv); see {log_path}")
+    with open(table, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))[-1]
+
+
 def main(argv):
     if "--" in argv:
         cut = argv.index("--")
@@ -92,19 +113,12 @@ def main(argv):
             os.makedirs(run_dir)
             batch = (["--global-batch", str(a.global_batch)] if mode == "strong"
                      else ["--batch-size", str(a.batch_per_rank)])
-            cmd = [ddprun, "--nproc-per-node", str(n), "--", trainer, "--data-dir", a.data,
-                   "--out-dir", run_dir, "--run-label", label, "--summary-csv", table] + batch \
-                + trainer_args
-            print(f"scaling_study.py: {label}: {' '.join(cmd)}", flush=True)
-            before = rows_of(table)
-            with open(os.path.join(run_dir, "stdout.log"), "w", encoding="utf-8") as log:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-            if rc != 0:
-                tail = open(os.path.join(run_dir, "stdout.log"), encoding="utf-8").read()[-2000:]
-                sys.stderr.write(tail)
-                return fail(f"{label} failed (exit code {rc}); its output: {run_dir}/stdout.log")
-            if rows_of(table) != before + 1:
-                return fail(f"{label}: the trainer added no row to {table} (--summary-csv)")
+            print(f"scaling_study.py: {label}: {n} rank(s)", flush=True)
+            try:
+                run_once(a.bin, a.trainer, n, run_dir, table,
+                         ["--data-dir", a.data, "--run-label", label] + batch + trainer_args, env)
+            except RuntimeError as e:
+                return fail(str(e))
             # Keep the numbers, not the models.
             for name in os.listdir(run_dir):
                 if name != "stdout.log":
