@@ -25,6 +25,9 @@ int64_t ImageTrainArgs::batch_per_rank(int world_size) const {
 ImageTrainArgs parse_image_args(int argc, char** argv) {
   ImageTrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
+#ifdef KIT_DEFAULT_IMAGE_DIR
+  else a.data_dir = KIT_DEFAULT_IMAGE_DIR;
+#endif
   auto whole = [](const char* flag, int64_t lo, int64_t& into) {
     return [flag, lo, &into](const std::string& v) { into = flag_int(flag, v, lo); };
   };

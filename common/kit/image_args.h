@@ -37,7 +37,8 @@ struct ImageTrainArgs {
   int64_t lr_base_batch() const { return global_batch > 0 ? global_batch : batch_size; }
 };
 
-// Like kit::parse_args: --name value or --name=value, --help, one line and exit 2 on a bad
+// Like kit::parse_args: the data folder defaults to $KIT_DATA_DIR, then to the image set the
+// build generated; --name value or --name=value, --help, one line and exit 2 on a bad
 // command line (an unknown --lr-scaling rule, --workers < 0, --accum-steps that does not divide
 // the batch).
 ImageTrainArgs parse_image_args(int argc, char** argv);
