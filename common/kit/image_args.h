@@ -21,7 +21,7 @@ struct ImageTrainArgs {
   double lr = 0.05;             // tuned for one process with the batch above (SGD, momentum 0.9)
   LrScaling lr_scaling = LrScaling::none;
   int64_t warmup_steps = 0;
-  int64_t workers = 0;          // loader threads (0: batches made on the training thread)
+  int workers = 0;              // loader threads (0: batches made on the training thread)
   uint64_t seed = 42;
   int64_t width = 8, blocks = 1;  // the ResNet's size (kit/resnet.h)
   int64_t train_images = -1, test_images = -1;  // the first N of each split (-1: all)
