@@ -25,6 +25,9 @@ int64_t ImageTrainArgs::batch_per_rank(int world_size) const {
 ImageTrainArgs parse_image_args(int argc, char** argv) {
   ImageTrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
+#ifdef KIT_DEFAULT_IMAGE_DIR
+  else a.data_dir = KIT_DEFAULT_IMAGE_DIR;
+#endif
   auto whole = [](const char* flag, int64_t lo, int64_t& into) {
     return [flag, lo, &into](const std::string& v) { into = flag_int(flag, v, lo); };
   };
@@ -44,8 +47,9 @@ ImageTrainArgs parse_image_args(int argc, char** argv) {
        }},
       {"--warmup-steps", "climb to the rate linearly over this many steps", whole("--warmup-steps", 0, a.warmup_steps)},
       {"--workers", "loader threads that prepare the next batches (0: none)", [&](const std::string& v) {
-         a.workers = flag_int("--workers", v, std::numeric_limits<int64_t>::min());
-         if (a.workers < 0) flag_error("--workers must be 0 or more, got " + v);
+         const int64_t n = flag_int("--workers", v, std::numeric_limits<int64_t>::min(), 1024);
+         if (n < 0) flag_error("--workers must be 0 or more, got " + v);
+         a.workers = static_cast<int>(n);
        }},
       {"--seed", "random seed", [&](auto v) { a.seed = static_cast<uint64_t>(flag_int("--seed", v, 0)); }},
       {"--width", "channels of the ResNet's first stage", whole("--width", 1, a.width)},

@@ -21,7 +21,7 @@ struct ImageTrainArgs {
   double lr = 0.05;             // tuned for one process with the batch above (SGD, momentum 0.9)
   LrScaling lr_scaling = LrScaling::none;
   int64_t warmup_steps = 0;
-  int64_t workers = 0;          // loader threads (0: batches made on the training thread)
+  int workers = 0;              // loader threads (0: batches made on the training thread)
   uint64_t seed = 42;
   int64_t width = 8, blocks = 1;  // the ResNet's size (kit/resnet.h)
   int64_t train_images = -1, test_images = -1;  // the first N of each split (-1: all)
@@ -37,7 +37,8 @@ struct ImageTrainArgs {
   int64_t lr_base_batch() const { return global_batch > 0 ? global_batch : batch_size; }
 };
 
-// Like kit::parse_args: --name value or --name=value, --help, one line and exit 2 on a bad
+// Like kit::parse_args: the data folder defaults to $KIT_DATA_DIR, then to the image set the
+// build generated; --name value or --name=value, --help, one line and exit 2 on a bad
 // command line (an unknown --lr-scaling rule, --workers < 0, --accum-steps that does not divide
 // the batch).
 ImageTrainArgs parse_image_args(int argc, char** argv);

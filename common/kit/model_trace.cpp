@@ -48,4 +48,15 @@ void record_training_forward(const torch::nn::Module& model, int64_t step) {
   if (step == 1) save_initial_weights(model);
 }
 
+void record_evaluation(const torch::nn::Module& model) {
+  if (!enabled()) return;
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (const auto& b : model.buffers())
+    if (b.is_floating_point()) sum += b.to(torch::kDouble).sum().item<double>();
+  std::ostringstream fields;
+  fields << "buffers=" << std::setprecision(17) << sum;
+  record("evaluate", fields.str());
+}
+
 }  // namespace kit::trace

@@ -20,4 +20,9 @@ void record_model_to(torch::Device device);
 // No-op while tracing is off.
 void record_training_forward(const torch::nn::Module& model, int64_t step);
 
+// At the first forward of an evaluation: "evaluate buffers=<sum of every floating-point buffer>"
+// (batch norm's running statistics). Ranks that evaluate the same model record the same sum.
+// No-op while tracing is off.
+void record_evaluation(const torch::nn::Module& model);
+
 }  // namespace kit::trace

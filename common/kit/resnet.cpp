@@ -59,7 +59,13 @@ void ResNetImpl::to(torch::Device device, bool non_blocking) {
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& images) {
-  if (is_training()) trace::record_training_forward(*this, ++training_forwards_);
+  if (is_training()) {
+    trace::record_training_forward(*this, ++training_forwards_);
+    evaluating_ = false;
+  } else if (!evaluating_) {  // the first forward of an evaluation
+    trace::record_evaluation(*this);
+    evaluating_ = true;
+  }
   auto x = torch::relu(stem_bn_(stem_(images)));
   x = stages_->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);  // one value per channel

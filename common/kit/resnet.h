@@ -65,6 +65,7 @@ class ResNetImpl : public torch::nn::Module {
   torch::nn::Sequential stages_{nullptr};
   torch::nn::Linear head_{nullptr};
   int64_t training_forwards_ = 0;
+  bool evaluating_ = false;  // the last forward was in eval mode
 };
 TORCH_MODULE(ResNet);
 

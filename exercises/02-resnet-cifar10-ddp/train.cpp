@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (time_to_target < 0 && args.target_acc > 0 && test_acc >= args.target_acc) time_to_target = elapsed;
     // TODO 10: Print with kit::print0 in place of std::printf, here and at the end.
-    std::printf("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.4f\n", epoch + 1,
+    std::printf("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.5f\n", epoch + 1,
                 args.epochs, train_loss.item<double>(), test_loss, test_acc);
     if (test_acc > best_acc) {
       best_acc = test_acc;
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   }
 
   // TODO 10:
-  std::printf("final test loss %.5f, test accuracy %.4f\n", test_loss, test_acc);
+  std::printf("final test loss %.5f, test accuracy %.5f\n", test_loss, test_acc);
   // TODO 11:
   torch::save(model, args.out_dir + "/model-final.pt");
   if (!args.summary_csv.empty() && rank == 0) {

@@ -189,10 +189,10 @@ int main(int argc, char** argv) {
     if (time_to_target < 0 && args.target_acc > 0 && test_acc >= args.target_acc) time_to_target = elapsed;
     //@ todo 10
     //@ | Print with kit::print0 in place of std::printf, here and at the end.
-    std::printf("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.4f\n", epoch + 1,
+    std::printf("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.5f\n", epoch + 1,
                 args.epochs, train_loss.item<double>(), test_loss, test_acc);
     //@ solution
-    kit::print0("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.4f\n", epoch + 1,
+    kit::print0("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.5f\n", epoch + 1,
                 args.epochs, train_loss.item<double>(), test_loss, test_acc);
     //@ end
     if (test_acc > best_acc) {
@@ -207,9 +207,9 @@ int main(int argc, char** argv) {
   }
 
   //@ todo 10
-  std::printf("final test loss %.5f, test accuracy %.4f\n", test_loss, test_acc);
+  std::printf("final test loss %.5f, test accuracy %.5f\n", test_loss, test_acc);
   //@ solution
-  kit::print0("final test loss %.5f, test accuracy %.4f\n", test_loss, test_acc);
+  kit::print0("final test loss %.5f, test accuracy %.5f\n", test_loss, test_acc);
   //@ end
   //@ todo 11
   torch::save(model, args.out_dir + "/model-final.pt");

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     test_loss = loss.item<double>(), test_acc = accuracy.item<double>();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (time_to_target < 0 && args.target_acc > 0 && test_acc >= args.target_acc) time_to_target = elapsed;
-    kit::print0("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.4f\n", epoch + 1,
+    kit::print0("[%ld/%ld] train loss %.5f, test loss %.5f, test accuracy %.5f\n", epoch + 1,
                 args.epochs, train_loss.item<double>(), test_loss, test_acc);
     if (test_acc > best_acc) {
       best_acc = test_acc;
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  kit::print0("final test loss %.5f, test accuracy %.4f\n", test_loss, test_acc);
+  kit::print0("final test loss %.5f, test accuracy %.5f\n", test_loss, test_acc);
   kit::save0(model, args.out_dir + "/model-final.pt");
   if (!args.summary_csv.empty() && rank == 0) {
     kit::append_summary(args.summary_csv,
