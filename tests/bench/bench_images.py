@@ -3,7 +3,7 @@
 loader's workers buy. A benchmark, not a test: it prints figures and asserts no time.
 
   bench_images.py --bin BUILD/bin --data IMAGES [--batch 32] [--steps 40] [--repeats 3]
-                  [--workers 2] [--work DIR] [-- TRAINER ARGS]
+                  [--workers 2] [--loader-batches 100] [--work DIR] [-- TRAINER ARGS]
 
 Configurations, each run --repeats times, interleaved (repeat 1 of every configuration, then
 repeat 2, ...) so that a burst of load on the machine hits all of them alike; every rank has one
@@ -13,6 +13,9 @@ thread (OMP_NUM_THREADS=1: a core per rank, the CPU analogue of a GPU per rank):
   1 rank, N workers   1 rank with --workers N: the loader's threads assemble and augment the
                       next batches while the model computes
 
+Then bench_loader (tests/bench/bench_loader.cpp) times the DataLoader alone, without a model,
+with 0 .. N workers and the training augmentation: the part of a step that workers can hide.
+
 Printed: the median over the repeats of each configuration's step time (the trainer's median
 step after the first few), images/s in all and per rank; the scaling efficiency on 2 ranks,
 images/s per rank on 2 ranks / images/s on 1; and the step time with the workers on and off.
@@ -21,8 +24,10 @@ each configuration). BENCH_STEPS / BENCH_REPEATS in the environment override the
 """
 import argparse
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -44,10 +49,13 @@ def main(argv):
     p.add_argument("--steps", type=int, default=int(os.environ.get("BENCH_STEPS", 40)))
     p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 3)))
     p.add_argument("--workers", type=int, default=2, help="the loader's workers of the last configuration")
+    p.add_argument("--loader-batches", type=int, default=100,
+                   help="batches bench_loader times per repeat")
     p.add_argument("--work", help="keep the runs' output here (default: a temporary folder)")
     a = p.parse_args(argv[1:])
-    if a.steps < 1 or a.repeats < 1 or a.batch < 1 or a.workers < 1:
-        sys.stderr.write("bench_images.py: --steps, --repeats, --batch and --workers must be >= 1\n")
+    if min(a.steps, a.repeats, a.batch, a.workers, a.loader_batches) < 1:
+        sys.stderr.write("bench_images.py: --steps, --repeats, --batch, --workers and "
+                         "--loader-batches must be >= 1\n")
         return 2
 
     work = a.work or tempfile.mkdtemp(prefix="bench_images.")
@@ -96,6 +104,19 @@ def main(argv):
     off, on = median(one, "step_time_s"), median(threaded, "step_time_s")
     print(f"loader workers: step {1000 * off:.1f} ms with 0 workers, {1000 * on:.1f} ms with "
           f"{a.workers} ({off / on:.2f}x)")
+
+    loader = subprocess.run([os.path.join(a.bin, "bench_loader"), "--data", a.data, "--batch",
+                             str(a.batch), "--batches", str(a.loader_batches), "--repeats",
+                             str(a.repeats), "--max-workers", str(a.workers)],
+                            capture_output=True, text=True, env=env)
+    if loader.returncode != 0:
+        sys.stderr.write(loader.stdout + loader.stderr)
+        sys.stderr.write(f"bench_images.py: bench_loader failed (exit code {loader.returncode})\n")
+        return 1
+    for m in re.finditer(r"^LOADER workers=(\d+) .* ms_per_batch_median=([0-9.]+)", loader.stdout, re.M):
+        ms = float(m.group(2))
+        print(f"loader alone, {m.group(1)} workers: {ms:.2f} ms per batch of {a.batch} "
+              f"({100 * ms / (1000 * off):.1f} % of the step with 0 workers)")
     return 0
 
 
