@@ -144,6 +144,8 @@ Cifar10Dataset::Cifar10Dataset(torch::Tensor images, torch::Tensor labels, std::
   TORCH_CHECK(labels_.dim() == 1 && labels_.size(0) == images_.size(0) &&
                   labels_.scalar_type() == torch::kInt64,
               "Cifar10Dataset: labels must be int64 [N] with N = ", images_.size(0));
+  mean_ = torch::tensor({kMean[0], kMean[1], kMean[2]}).view({3, 1, 1});
+  std_ = torch::tensor({kStd[0], kStd[1], kStd[2]}).view({3, 1, 1});
 }
 
 void Cifar10Dataset::set_augment(uint64_t seed) {
@@ -154,10 +156,7 @@ void Cifar10Dataset::set_augment(uint64_t seed) {
 Cifar10Example Cifar10Dataset::get(size_t index) const {
   TORCH_CHECK(index < size(), "Cifar10Dataset(", name_, "): index ", index, " >= size ", size());
   const auto i = static_cast<int64_t>(index);
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-  const torch::Tensor mean = torch::tensor({kMean[0], kMean[1], kMean[2]}, opts).view({3, 1, 1});
-  const torch::Tensor std = torch::tensor({kStd[0], kStd[1], kStd[2]}, opts).view({3, 1, 1});
-  torch::Tensor x = (images_[i].to(torch::kFloat32) / 255.0f - mean) / std;
+  torch::Tensor x = (images_[i].to(torch::kFloat32) / 255.0f - mean_) / std_;
   if (augment_) {
     // One random number per (seed, epoch, image) gives the shift and the flip.
     const uint64_t r = mix(mix(mix(seed_) ^ static_cast<uint64_t>(epoch_)) ^ index);

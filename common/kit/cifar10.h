@@ -78,6 +78,7 @@ class Cifar10Dataset {
 
  private:
   torch::Tensor images_, labels_;
+  torch::Tensor mean_, std_;  // kMean and kStd as [3,1,1] tensors, made once, not per image
   std::string name_;
   bool augment_ = false;
   uint64_t seed_ = 0;

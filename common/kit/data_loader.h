@@ -59,8 +59,8 @@ class DistributedSampler {
 // asks for the next batch. workers = N > 0: N threads make up to N * prefetch batches ahead, so
 // that reading and augmenting images overlaps the forward and backward passes.
 struct LoaderOptions {
-  int workers = 0;
-  int prefetch = 2;  // batches made ahead per worker
+  int64_t workers = 0;   // int64_t like the flags (kit/args.h), so {.workers = args.workers} works
+  int64_t prefetch = 2;  // batches made ahead per worker
 };
 
 // A random permutation of 0..n-1 from torch's generator (seeded by setup() or manual_seed).

@@ -6,11 +6,11 @@
 namespace kit {
 
 LoaderWorkers::LoaderWorkers(std::function<Batch(size_t)> make, size_t first, size_t count,
-                             int workers, int prefetch)
+                             int64_t workers, int64_t prefetch)
     : make_(std::move(make)), count_(count),
       window_(static_cast<size_t>(workers) * static_cast<size_t>(prefetch)),
       next_(first), consumed_(first) {
-  for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  for (int64_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
 }
 
 LoaderWorkers::~LoaderWorkers() {

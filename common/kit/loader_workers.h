@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
@@ -28,8 +29,8 @@ struct Batch {
 class LoaderWorkers {
  public:
   // make(k) builds batch k; it is called from the worker threads, so it must be thread-safe.
-  LoaderWorkers(std::function<Batch(size_t)> make, size_t first, size_t count, int workers,
-                int prefetch);
+  LoaderWorkers(std::function<Batch(size_t)> make, size_t first, size_t count, int64_t workers,
+                int64_t prefetch);
   // Stops the workers and waits for them (a loop left early, e.g. by --max-steps).
   ~LoaderWorkers();
   LoaderWorkers(const LoaderWorkers&) = delete;

@@ -119,10 +119,11 @@ def plot(series, title, ylabel, value, ideal, legend_at, label):
 
 
 def summary(series, label):
-    lines = [f"Scaling study{f' ({label})' if label else ''}.", "",
-             "| series | ranks | nodes | batch per rank | global batch | step (ms) | images/s | "
-             "speed-up | efficiency | test accuracy | time to target (s) | device |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    devices = sorted({r.device for rs in series.values() for r in rs})
+    lines = [f"Scaling study{f' ({label})' if label else ''}; device: {', '.join(devices)}.", "",
+             "| series | ranks | nodes | batch/rank | global batch | step (ms) | images/s | "
+             "speed-up | efficiency | test acc | to target (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in sorted(series):
         rs = series[name]
         for r in rs:
@@ -130,7 +131,7 @@ def summary(series, label):
             ttt = f"{r.ttt:.1f}" if r.ttt is not None else "not reached"
             lines.append(f"| {name} | {r.ranks} | {r.nodes} | {r.batch} | {r.global_batch} | "
                          f"{1000 * r.step_s:.1f} | {r.ips:.0f} | {s:.2f}× | "
-                         f"{100 * s / ideal_speedup(rs, r):.0f} % | {r.acc:.3f} | {ttt} | {r.device} |")
+                         f"{100 * s / ideal_speedup(rs, r):.0f} % | {r.acc:.3f} | {ttt} |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,7 @@ def main(argv):
     cmd = [sys.executable, STUDY, "--bin", a.bin, "--data", a.data, "--out", out, "--plots", plots,
            "--ranks", "1", "2", "4", "--global-batch", "16", "--batch-per-rank", "4",
            "--label", "test", "--", "--max-steps", "3", "--width", "4", "--blocks", "1",
-           "--train-images", "64", "--test-images", "16", "--target-acc", "0"]
+           "--train-images", "64", "--test-images", "16", "--target-acc", "0.01"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     print(run.stdout + run.stderr)
     check(run.returncode == 0, f"scaling_study.py exits 0 (got {run.returncode})")

@@ -19,7 +19,7 @@ work=$CLUSTER/work
 
 export KIT_STUDY_GPUS="1 2 8" KIT_STUDY_GLOBAL_BATCH=16 KIT_STUDY_BATCH=4
 JOB_DATA=$IMAGES submit "$work/job" "$ROOT/sbatch/02-resnet-cifar10-ddp/scaling.sbatch" -- \
-  --max-steps 3 --width 4 --blocks 1 --train-images 128 --test-images 32 --target-acc 0
+  --max-steps 3 --width 4 --blocks 1 --train-images 128 --test-images 32 --target-acc 0.01
 csv=$work/job/runs/ex02-scaling-$JOB/scaling.csv
 check "job completes" expect_state COMPLETED
 check "no error in the .err file" expect_count 0 'error' "$ERR"
