@@ -492,6 +492,11 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
         v.add("lr", False, what, "not judged: the first step starts from other weights or "
               f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})")
         return
+    others = [first_update(run, r, accum) for r in range(1, run.ranks)]
+    if any(o is None or o[1] != mine[1] for o in others):
+        v.add("lr", False, what, "not judged: the ranks made different first updates, so the "
+              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})")
+        return
     ratio = mine[1] / theirs[1] if theirs[1] else float("nan")
     if math.isclose(ratio, 1.0, rel_tol=1e-3):
         v.add("lr", True, what)
