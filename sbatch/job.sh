@@ -2,13 +2,14 @@
 # sbatch/job.sh: the checks and settings that every job script of the kit shares. The job
 # scripts (sbatch/<exercise>/*.sbatch) source it; it is not a program of its own.
 #
-#   kit_job_init NAME [--no-data]
+#   kit_job_init NAME [--no-data | --cifar10]
 #                       checks the job and sets the KIT_* variables below, or stops the job with
 #                       one line on stderr (in the job's %x-%j.err file) saying what to do:
 #                         * the site profile KIT_SITE does not exist;
 #                         * the program is not built;
 #                         * the data is not staged (compute nodes have no internet); not
 #                           checked with --no-data, for a program that reads none (exercise 00);
+#                           with --cifar10, CIFAR-10's six binary files instead of WikiText-2;
 #                         * the job has no GPU, or more tasks per node were requested than GPUs;
 #                         * fewer CPUs than tasks on a node.
 #                       Then it runs the site profile's kit_site_env (modules, network settings).
@@ -26,7 +27,8 @@
 # Variables that kit_job_init sets:
 #   KIT_PROGRAM        the trainer: $KIT_BUILD/bin/NAME (or $KIT_PROGRAM as given by you)
 #   KIT_DATA           the data folder: $KIT_DATA_DIR, else $WIKITEXT2_DIR, else
-#                      $HOME/data/wikitext-2 (the download script's default)
+#                      $HOME/data/wikitext-2 (the download script's default); with --cifar10
+#                      $KIT_DATA_DIR, else $CIFAR10_DIR, else $HOME/data/cifar-10
 #   KIT_OUT            where the trainer writes metrics.csv and the models:
 #                      $KIT_OUT_DIR, else runs/<job name>-<job id> in the folder you submitted from
 #   KIT_GPUS_PER_NODE  the GPUs this job has on each node (from --gres)
@@ -138,10 +140,11 @@ kit_run_site_env() {
 }
 
 kit_job_init() {
-  local name=$1 needs_data=1
+  local name=$1 needs_data=1 cifar10=0
   case ${2:-} in
     '') ;;
     --no-data) needs_data=0 ;;
+    --cifar10) cifar10=1 ;;  # exercise 02's data, CIFAR-10's binary files
     *) kit_die "kit_job_init: unknown option '$2' (the job script is broken)" ;;
   esac
   KIT_JOB_NAME=${SLURM_JOB_NAME:-$name}
@@ -172,6 +175,16 @@ kit_job_init() {
 
   KIT_DATA=${KIT_DATA_DIR:-${WIKITEXT2_DIR:-${HOME:-}/data/wikitext-2}}
   local split
+  if [ "$cifar10" = 1 ]; then
+    needs_data=0
+    KIT_DATA=${KIT_DATA_DIR:-${CIFAR10_DIR:-${HOME:-}/data/cifar-10}}
+    for split in data_batch_1 data_batch_2 data_batch_3 data_batch_4 data_batch_5 test_batch; do
+      [ -s "$KIT_DATA/$split.bin" ] ||
+        kit_die "the data is not staged: $KIT_DATA/$split.bin is missing; compute nodes have" \
+          "no internet, so on the login node run" \
+          "'$KIT_ROOT/common/data/download_cifar10.sh $KIT_DATA' (or set KIT_DATA_DIR)"
+    done
+  fi
   for split in train valid test; do
     [ "$needs_data" = 0 ] || [ -s "$KIT_DATA/wiki.$split.tokens" ] ||
       kit_die "the data is not staged: $KIT_DATA/wiki.$split.tokens is missing; compute nodes" \

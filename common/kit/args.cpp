@@ -28,16 +28,12 @@ int64_t flag_int(const std::string& flag, const std::string& v, int64_t lo, int6
   return x;
 }
 
-namespace {
-
-double to_real(const std::string& flag, const std::string& v, double lo, double hi) {
+double flag_real(const std::string& flag, const std::string& v, double lo, double hi) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || !(x >= lo && x <= hi)) flag_error(flag + " needs a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
   return x;
 }
-
-}  // namespace
 
 void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
   auto find = [&](const std::string& name) -> const Flag* {
@@ -86,12 +82,12 @@ TrainArgs parse_args(int argc, char** argv) {
       {"--batch-size", "sequences per step and rank", [&](auto v) { a.batch_size = to_int("--batch-size", v, 1); }},
       {"--eval-batch-size", "sequences per evaluation batch", [&](auto v) { a.eval_batch_size = to_int("--eval-batch-size", v, 1); }},
       {"--seq-len", "words per training sequence", [&](auto v) { a.seq_len = to_int("--seq-len", v, 2); }},
-      {"--lr", "learning rate", [&](auto v) { a.lr = to_real("--lr", v, 0, 10); }},
+      {"--lr", "learning rate", [&](auto v) { a.lr = flag_real("--lr", v, 0, 10); }},
       {"--d-model", "model width", [&](auto v) { a.d_model = to_int("--d-model", v, 2); }},
       {"--heads", "attention heads", [&](auto v) { a.heads = to_int("--heads", v, 1); }},
       {"--layers", "Transformer layers", [&](auto v) { a.layers = to_int("--layers", v, 1); }},
       {"--feedforward", "feed-forward width", [&](auto v) { a.feedforward = to_int("--feedforward", v, 1); }},
-      {"--dropout", "dropout probability", [&](auto v) { a.dropout = to_real("--dropout", v, 0, 0.99); }},
+      {"--dropout", "dropout probability", [&](auto v) { a.dropout = flag_real("--dropout", v, 0, 0.99); }},
       {"--seed", "random seed", [&](auto v) { a.seed = static_cast<uint64_t>(to_int("--seed", v, 0)); }},
       {"--max-steps", "stop each epoch after this many steps (0: no limit)", [&](auto v) { a.max_steps = to_int("--max-steps", v, 0); }},
       {"--keep-checkpoints", "how many checkpoints to keep in <out-dir>/checkpoints", [&](auto v) { a.keep_checkpoints = to_int("--keep-checkpoints", v, 1); }},

@@ -48,5 +48,7 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags);
 // A whole number in [lo, hi], else flag_error naming the flag and the value.
 int64_t flag_int(const std::string& flag, const std::string& value, int64_t lo,
                  int64_t hi = std::numeric_limits<int64_t>::max());
+// A number in [lo, hi], else flag_error naming the flag and the value.
+double flag_real(const std::string& flag, const std::string& value, double lo, double hi);
 
 }  // namespace kit

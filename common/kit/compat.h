@@ -103,6 +103,15 @@ inline std::string pci_bus_id([[maybe_unused]] int index) {
 #endif
 }
 
+// GPU `index`'s product name ("NVIDIA H100 80GB HBM3"); "" in a CPU build.
+inline std::string gpu_name([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name;
+#else
+  return "";
+#endif
+}
+
 }  // namespace kit::compat
 
 namespace kit {

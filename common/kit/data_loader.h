@@ -2,16 +2,21 @@
 //
 // A DataLoader on its own reads the whole dataset (shuffled or in order), as on one GPU. Given a
 // DistributedSampler it reads only this rank's share: every rank gets a different, equally long
-// slice, and together the ranks cover the dataset once per epoch.
+// slice, and together the ranks cover the dataset once per epoch. With LoaderOptions{.workers =
+// N}, N background threads assemble the next batches while the model trains on the current one;
+// the batches and their order stay exactly those of workers = 0.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
+#include "kit/loader_workers.h"  // LoaderWorkers (the background threads) and Batch
 #include "kit/trace.h"
 
 namespace kit {
@@ -50,9 +55,12 @@ class DistributedSampler {
   int64_t epoch_ = 0;
 };
 
-// One batch: inputs and targets stacked along a new first dimension.
-struct Batch {
-  torch::Tensor input, target;
+// How a DataLoader assembles its batches. workers = 0: in the training thread, when the loop
+// asks for the next batch. workers = N > 0: N threads make up to N * prefetch batches ahead, so
+// that reading and augmenting images overlaps the forward and backward passes.
+struct LoaderOptions {
+  int64_t workers = 0;   // int64_t like the flags (kit/args.h), so {.workers = args.workers} works
+  int64_t prefetch = 2;  // batches made ahead per worker
 };
 
 // A random permutation of 0..n-1 from torch's generator (seeded by setup() or manual_seed).
@@ -63,11 +71,15 @@ template <typename Dataset>
 class DataLoader {
  public:
   // The whole dataset, in order or shuffled (a fresh order on every pass).
-  DataLoader(const Dataset& dataset, size_t batch_size, bool shuffle = false)
-      : data_(&dataset), batch_size_(batch_size), shuffle_(shuffle) {}
+  DataLoader(const Dataset& dataset, size_t batch_size, bool shuffle = false,
+             LoaderOptions options = {})
+      : data_(&dataset), batch_size_(batch_size), shuffle_(shuffle), options_(checked(options)) {}
+  DataLoader(const Dataset& dataset, size_t batch_size, LoaderOptions options)
+      : DataLoader(dataset, batch_size, false, options) {}
   // Only the sampler's indices: this rank's share.
-  DataLoader(const Dataset& dataset, size_t batch_size, const DistributedSampler& sampler)
-      : data_(&dataset), batch_size_(batch_size), sampler_(&sampler) {}
+  DataLoader(const Dataset& dataset, size_t batch_size, const DistributedSampler& sampler,
+             LoaderOptions options = {})
+      : data_(&dataset), batch_size_(batch_size), sampler_(&sampler), options_(checked(options)) {}
 
   size_t size() const {  // batches per epoch
     size_t n = sampler_ ? sampler_->size() : data_->size();
@@ -77,17 +89,35 @@ class DataLoader {
   class iterator {
    public:
     iterator(const DataLoader* loader, std::vector<size_t> order, size_t at)
-        : loader_(loader), order_(std::move(order)), at_(at) {}
-    Batch operator*() const { return loader_->collate(order_, at_); }
+        : loader_(loader), order_(std::make_shared<std::vector<size_t>>(std::move(order))),
+          at_(at) {}
+    Batch operator*() const {
+      const size_t k = at_ / loader_->batch_size_;
+      // The trace is written here, in the training thread, in training order, whoever made it.
+      loader_->trace_batch(*order_, at_);
+      if (loader_->options_.workers == 0) return loader_->collate(*order_, at_);
+      // The workers start at the first batch actually used (from() skips batches cheaply).
+      if (!workers_) {
+        const DataLoader* loader = loader_;
+        std::shared_ptr<const std::vector<size_t>> order = order_;
+        workers_ = std::make_shared<LoaderWorkers>(
+            [loader, order](size_t b) { return loader->collate(*order, b * loader->batch_size_); },
+            k, (order_->size() + loader_->batch_size_ - 1) / loader_->batch_size_,
+            loader_->options_.workers, loader_->options_.prefetch);
+      }
+      return workers_->get(k);
+    }
     iterator& operator++() {
+      if (workers_) workers_->done(at_ / loader_->batch_size_);
       at_ += loader_->batch_size_;
       return *this;
     }
     bool operator!=(const iterator& other) const { return at_ < other.at_; }
    private:
     const DataLoader* loader_;
-    std::vector<size_t> order_;
+    std::shared_ptr<const std::vector<size_t>> order_;
     size_t at_;
+    mutable std::shared_ptr<LoaderWorkers> workers_;  // made on first use; joined when released
   };
 
   iterator begin() const {
@@ -119,24 +149,40 @@ class DataLoader {
   }
 
  private:
+  static LoaderOptions checked(LoaderOptions options) {
+    if (options.workers < 0)
+      throw std::invalid_argument("DataLoader: --workers must be 0 or more, got " +
+                                  std::to_string(options.workers));
+    if (options.prefetch < 1)
+      throw std::invalid_argument("DataLoader: prefetch must be 1 or more, got " +
+                                  std::to_string(options.prefetch));
+    return options;
+  }
+  // The batch that starts at position `at` of `order`. Const and free of side effects, so that
+  // the workers may call it for different batches at the same time.
   Batch collate(const std::vector<size_t>& order, size_t at) const {
     size_t stop = std::min(order.size(), at + batch_size_);
     std::vector<torch::Tensor> inputs, targets;
-    std::string used;
     for (size_t k = at; k < stop; ++k) {
       auto [x, y] = data_->get(order[k]);
       inputs.push_back(x);
       targets.push_back(y);
-      if (trace::enabled()) used += (used.empty() ? "" : ",") + std::to_string(order[k]);
     }
-    if (trace::enabled()) trace::record("batch", data_->name() + " " + used);
     return {torch::stack(inputs), torch::stack(targets)};
+  }
+  void trace_batch(const std::vector<size_t>& order, size_t at) const {
+    if (!trace::enabled()) return;
+    std::string used;
+    for (size_t k = at; k < std::min(order.size(), at + batch_size_); ++k)
+      used += (used.empty() ? "" : ",") + std::to_string(order[k]);
+    trace::record("batch", data_->name() + " " + used);
   }
 
   const Dataset* data_;
   size_t batch_size_;
   bool shuffle_ = false;
   const DistributedSampler* sampler_ = nullptr;
+  LoaderOptions options_;
 };
 
 }  // namespace kit

@@ -310,4 +310,8 @@ void Metrics::end_epoch(int64_t epoch) {
   print_reports(epoch, all);
 }
 
+std::string device_model(torch::Device device) {
+  return device.is_cuda() ? compat::gpu_name(device.index()) : device.str();
+}
+
 }  // namespace kit

@@ -27,6 +27,9 @@
 
 namespace kit {
 
+// What a device is, for a report: "cpu", or the GPU's product name ("NVIDIA H100 80GB HBM3").
+std::string device_model(torch::Device device);
+
 class Metrics {
  public:
   // device: the one this rank trains on (setup()'s). first_step > 0: a resumed run; rows are

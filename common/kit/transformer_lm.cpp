@@ -2,14 +2,10 @@
 #include "kit/transformer_lm.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <iomanip>
-#include <sstream>
 
 #include <torch/torch.h>
 
-#include "kit/trace.h"
+#include "kit/model_trace.h"  // record_model_to(), record_training_forward(): for the checker
 
 namespace kit {
 
@@ -51,27 +47,12 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
 }
 
 void TransformerLMImpl::to(torch::Device device, bool non_blocking) {
-  trace::record("model_to", "device=" + device.str());
+  trace::record_model_to(device);
   torch::nn::Module::to(device, non_blocking);
 }
 
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
-  if (is_training() && trace::enabled()) {
-    // For the checker: a fingerprint of the weights this step starts from. Ranks whose
-    // replicas are in sync print the same number at the same step.
-    torch::NoGradGuard no_grad;
-    double sum = 0;
-    std::string device;  // where the weights are: the device setup() gave this rank?
-    for (auto& p : parameters()) {
-      sum += p.to(torch::kDouble).sum().item<double>();
-      if (device.empty()) device = p.device().str();
-    }
-    std::ostringstream fields;
-    fields << "step=" << ++training_forwards_ << " params=" << std::setprecision(17) << sum
-           << " device=" << device;
-    trace::record("forward", fields.str());
-    if (training_forwards_ == 1) save_initial_weights();
-  }
+  if (is_training()) trace::record_training_forward(*this, ++training_forwards_);
   const int64_t seq = tokens.size(1);
   TORCH_CHECK(seq <= options_.max_len, "TransformerLM: sequence of ", seq, " > max_len ", options_.max_len);
   // The C++ TransformerEncoder expects [seq, batch, features].
@@ -81,22 +62,6 @@ torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
                                         x.options()), 1);
   x = encoder_(x, causal).transpose(0, 1);
   return head_(x);
-}
-
-// The weights the first training step starts from (after DDP's broadcast: rank 0's on every
-// rank), for a reference implementation that must start from the same point (tests/oracle).
-// A dictionary name -> tensor written with torch::pickle_save, which Python's torch.load reads.
-void TransformerLMImpl::save_initial_weights() const {
-  const char* wanted = std::getenv("KIT_TRACE_WEIGHTS");
-  const std::string path = trace::file("initial-weights", "pt");
-  if (wanted == nullptr || std::string(wanted) != "1" || path.empty()) return;
-  c10::Dict<std::string, torch::Tensor> state;
-  for (const auto& p : named_parameters()) state.insert(p.key(), p.value().detach().cpu());
-  for (const auto& b : named_buffers()) state.insert(b.key(), b.value().detach().cpu());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(state));
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -46,7 +46,6 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::nn::Linear head_{nullptr};
   torch::Tensor positions_;  // fixed sinusoidal position codes [max_len, d_model]
   int64_t training_forwards_ = 0;
-  void save_initial_weights() const;  // KIT_TRACE_WEIGHTS=1 (see kit/trace.h)
 };
 TORCH_MODULE(TransformerLM);
 

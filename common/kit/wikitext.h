@@ -20,14 +20,9 @@
 #include <utility>
 #include <vector>
 
-namespace kit {
+#include "kit/data_error.h"  // DataError, thrown for missing or damaged files
 
-// Thrown for every problem with the data on disk. what() is always one line that names the file
-// and says what to do, because on a cluster it ends up as the last line of a Slurm log.
-class DataError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace kit {
 
 // Word <-> id table. load_wikitext2() builds it from the training split only: a model must not
 // learn anything from the words of its validation or test text, not even which words exist.

@@ -260,6 +260,63 @@ TEST(BadInput, UnknownFlag) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Exercise 02's trainer (the image classifier): its own flags, and the CIFAR-10 reader's errors
+// as the trainer reports them
+// ---------------------------------------------------------------------------------------------
+
+Result run_image_trainer(const TempDir& tmp, std::vector<std::string> args) {
+  std::vector<std::string> argv = {IMAGE_TRAINER_EXE, "--epochs", "1", "--max-steps", "1",
+                                   "--out-dir", (tmp.path / "out").string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p(argv, clean_env({}), tmp.path, "t");
+  return p.wait(20);
+}
+
+TEST(BadInput, ImageTrainerNegativeWorkers) {
+  TempDir tmp;
+  Result r = run_image_trainer(tmp, {"--data-dir", KIT_IMAGES_DIR, "--workers", "-1"});
+  expect_one_clear_line(r, {"--workers", "-1"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+}
+
+TEST(BadInput, ImageTrainerUnknownLrRule) {
+  TempDir tmp;
+  Result r = run_image_trainer(tmp, {"--data-dir", KIT_IMAGES_DIR, "--lr-scaling", "cubic"});
+  expect_one_clear_line(r, {"--lr-scaling", "cubic", "none, linear or sqrt"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+}
+
+TEST(BadInput, ImageTrainerAccumulationThatDoesNotDivideTheBatch) {
+  TempDir tmp;
+  Result r = run_image_trainer(tmp, {"--data-dir", KIT_IMAGES_DIR, "--batch-size", "10",
+                                     "--accum-steps", "4"});
+  expect_one_clear_line(r, {"--accum-steps 4", "10"});
+  // The same through --global-batch, whose per-rank batch is only known after setup().
+  r = run_image_trainer(tmp, {"--data-dir", KIT_IMAGES_DIR, "--global-batch", "6",
+                              "--accum-steps", "4"});
+  expect_one_clear_line(r, {"--accum-steps 4", "6 images per rank"});
+}
+
+// A training file cut short (an interrupted copy) and a label outside 0..9 (another data set,
+// e.g. CIFAR-100's fine labels): one line that names the file.
+TEST(BadInput, ImageTrainerDamagedData) {
+  TempDir tmp;
+  const fs::path data = tmp.path / "data";
+  fs::copy(KIT_IMAGES_DIR, data);
+  fs::resize_file(data / "data_batch_3.bin", fs::file_size(data / "data_batch_3.bin") - 100);
+  Result r = run_image_trainer(tmp, {"--data-dir", data.string()});
+  expect_one_clear_line(r, {"data_batch_3.bin", "expected"});
+  fs::copy_file(KIT_IMAGES_DIR "/data_batch_3.bin", data / "data_batch_3.bin",
+                fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(data / "test_batch.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.put(static_cast<char>(57));  // the first record's label
+  }
+  r = run_image_trainer(tmp, {"--data-dir", data.string()});
+  expect_one_clear_line(r, {"test_batch.bin", "57"});
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backends
 // ---------------------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@
 #include "kit/data_loader.h"
 #include "kit/ddp.h"
 #include "kit/process_group.h"
+#include "kit/resnet.h"         // ResNet: a model with batch norm
 #include "kit/transformer_lm.h"
 #include "tiny_lm.h"  // kit_test::tiny_lm (tests/support)
 #include "kit/wikitext.h"
@@ -508,6 +509,85 @@ TEST(DDPNoSync, AccumulatedMicroBatchesMatchTheWholeBatch) {
       EXPECT_TRUE(torch::equal(runs[1].params[k][i], runs[0].params[k][i]))
           << "ranks differ at step " << k + 1 << ", parameter " << i;
     }
+}
+
+
+// Batch norm under DDP (exercise 02). In training mode a batch-norm layer normalises with the
+// statistics of the batch it is given, and each rank is given only its own b images. So N ranks
+// with b images each are NOT one process with a batch of N x b: they are one process that
+// accumulates N micro-batches of b (one forward and backward per micro-batch, each loss / N, one
+// optimizer step). That is what must be equal: the weights after every step (gradients are
+// averaged, and the mean of the ranks' gradients of their mean losses is the gradient of the sum
+// of the micro-batches' losses / N).
+// What is not equal: the running statistics (buffers; DDP averages gradients, not buffers). Each
+// rank updates its own, once per step, from its own b images; the accumulating process updates
+// its one set N times per step. Rank 0 saves its own unless the trainer averages them first
+// (exercise 02, TODO 13). For the first batch-norm layer after the first step, the ranks' average
+// running mean is exactly that of one forward of the whole N x b batch (the update is linear in
+// the batch mean, and the layer's input does not depend on any normalisation yet).
+TEST(DDPBatchNorm, NRanksEqualOneProcessAccumulatingMicroBatches) {
+  const int n = 2;
+  const int64_t b = 4, steps = 3;
+  const kit::ResNetOptions options{.width = 4, .blocks = 1, .classes = 10};
+  torch::manual_seed(7);
+  const auto images = torch::randn({steps * n * b, 3, 8, 8});
+  const auto labels = torch::randint(0, 10, {steps * n * b}, torch::kLong);
+  // Step s, micro-batch (or rank) r: images [(s * n + r) * b, +b).
+  auto part = [&](const torch::Tensor& t, int64_t s, int64_t r) { return t.narrow(0, (s * n + r) * b, b); };
+  auto loss_of = [](kit::ResNet& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::nn::functional::cross_entropy(m->forward(x), y);
+  };
+  auto stem_mean = [](const kit::ResNet& m) { return host_copy(m->named_buffers()["stem_bn.running_mean"]); };
+  auto make = [&] { torch::manual_seed(kModelSeed); return kit::ResNet(options); };
+
+  // One process accumulating n micro-batches per step.
+  kit::ResNet ref = make();
+  auto ref_optimizer = make_optimizer(Opt::SGD, ref->parameters());
+  std::vector<Params> ref_params;
+  torch::Tensor ref_stem_after_1;
+  for (int64_t s = 0; s < steps; ++s) {
+    ref_optimizer->zero_grad();
+    for (int r = 0; r < n; ++r) (loss_of(ref, part(images, s, r), part(labels, s, r)) / n).backward();
+    ref_optimizer->step();
+    ref_params.push_back(snapshot(*ref));
+    if (s == 0) ref_stem_after_1 = stem_mean(ref);
+  }
+  // One forward of the whole first global batch, from the same initial weights.
+  kit::ResNet whole = make();
+  loss_of(whole, images.narrow(0, 0, n * b), labels.narrow(0, 0, n * b));
+
+  // n ranks, each with b images per step.
+  std::vector<kit::ResNet> models;
+  for (int r = 0; r < n; ++r) models.push_back(make());
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<std::vector<Params>> params(n);
+  std::vector<torch::Tensor> stem_after_1(n);
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    auto optimizer = make_optimizer(Opt::SGD, models[r]->parameters());
+    for (int64_t s = 0; s < steps; ++s) {
+      optimizer->zero_grad();
+      loss_of(models[r], part(images, s, r), part(labels, s, r)).backward();
+      optimizer->step();
+      params[r].push_back(snapshot(*models[r]));
+      if (s == 0) stem_after_1[r] = stem_mean(models[r]);
+    }
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+
+  for (int64_t s = 0; s < steps; ++s)
+    for (size_t i = 0; i < ref_params[s].size(); ++i) {
+      EXPECT_LE(relative(params[0][s][i], ref_params[s][i]), 1e-5) << "step " << s + 1 << ", parameter " << i;
+      EXPECT_TRUE(torch::equal(params[1][s][i], params[0][s][i])) << "ranks differ at step " << s + 1;
+    }
+  // The running statistics: each rank's own, from its own images.
+  EXPECT_FALSE(torch::allclose(stem_after_1[0], stem_after_1[1])) << "the ranks' running means agree";
+  const auto average = (stem_after_1[0] + stem_after_1[1]) / 2;
+  EXPECT_LE(relative(average, stem_mean(whole)), 1e-5) << "average over ranks != whole-batch forward";
+  // The accumulating process moved its running mean twice (momentum applied per micro-batch).
+  EXPECT_GT(relative(ref_stem_after_1, stem_mean(whole)), 1e-3);
 }
 
 }  // namespace

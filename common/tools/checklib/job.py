@@ -384,7 +384,8 @@ def main(args):
     os.makedirs(work, exist_ok=True)
     script = os.path.abspath(args.script)
     for what, path in (("the job script", script), ("the trainer", args.program),
-                       ("the data", os.path.join(args.data, "wiki.train.tokens"))):
+                       ("the data", os.path.join(args.data,
+                                                 labels.get("data_file", "wiki.train.tokens")))):
         if not os.path.exists(path):
             sys.stderr.write(f"check: {what} is missing: {path}\n")
             return 2

@@ -110,14 +110,19 @@ def device_mismatch(run, ranks, layout):
     return None
 
 
-def check_samplers(v, run, ranks, reference):
+# (concept, split, its name in a verdict): the splits of exercise 01; a rules module with other
+# splits passes its own.
+SPLITS = (("loader-train", "train", "training"), ("loader-valid", "valid", "validation"),
+          ("loader-test", "test", "test"))
+
+
+def check_samplers(v, run, ranks, reference, splits=SPLITS):
     """TODOs sampler and loader-*. Returns {split: the loader reads through a sampler}, {split: its size}, and
     whether the training sampler shuffles."""
     n_samplers = len(run.events(0, "sampler"))
     sampler_problems, rows, uses, sizes = [], [], {}, {}
     train_shuffles = True
-    for todo, split, name in (("loader-train", "train", "training"),
-                              ("loader-valid", "valid", "validation"), ("loader-test", "test", "test")):
+    for todo, split, name in splits:
         per_rank = [first_pass(run, r, split) for r in range(ranks)]
         full = set().union(*(first_pass(reference, r, split) for r in range(reference.ranks)))
         sizes[split] = len(full)
@@ -164,9 +169,9 @@ def check_samplers(v, run, ranks, reference):
             sampler_problems.append(f"the {name} sampler shuffles: evaluation reads its split in "
                                     "order (shuffle=false; a DistributedSampler shuffles by default)")
     what4 = "a DistributedSampler for each split"
-    if n_samplers < 3:
-        v.add("sampler", False, what4, f"{n_samplers} sampler(s) created on rank 0, expected 3 "
-              "(train, validation, test)")
+    if n_samplers < len(splits):
+        v.add("sampler", False, what4, f"{n_samplers} sampler(s) created on rank 0, expected "
+              f"{len(splits)} ({', '.join(split for _, split, _ in splits)})")
     else:
         v.add("sampler", not sampler_problems, what4, "; ".join(sampler_problems))
     for row in rows:
@@ -255,8 +260,17 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
               "epoch 1: the sampler was not told the epoch")
 
 
+def reported_values(report, rules):
+    """(label, value) of every number a rank reported: each epoch line's fields, named by the
+    rules' REPORTED (default: exercise 01's training and validation loss), then the test loss."""
+    names = getattr(rules, "REPORTED", ("training loss", "validation loss"))
+    epochs, tests = report
+    return [(f"epoch {e + 1} {name}", fields[i]) for i, name in enumerate(names)
+            for e, fields in enumerate(epochs)] + [("test loss", t) for t in tests]
+
+
 def check_all_reduce(v, run, ranks, rules):
-    what = "reported losses are averaged over all ranks"
+    what = getattr(rules, "ALL_REDUCE_WHAT", "reported losses are averaged over all ranks")
     reports = [reported(run, r, rules) for r in range(ranks)]
     if not reports[0][0] or not reports[0][1]:
         v.add("all_reduce", False, what, "rank 0 reported no loss lines")
@@ -266,10 +280,11 @@ def check_all_reduce(v, run, ranks, rules):
         if not rep[0] and not rep[1]:
             continue  # this rank never reached a print (print0 on rank 0 only): nothing to compare
         if rep != reports[0]:
-            mine, theirs = reports[0], rep
-            a, b = (mine[1][0], theirs[1][0]) if mine[1] and theirs[1] else (mine[0][0][1], theirs[0][0][1])
-            v.add("all_reduce", False, what, f"rank 0 and rank {r} report different losses ({a:.5f} vs "
-                  f"{b:.5f}): each reported only its own share")
+            differ = [(label, a, b) for (label, a), (_, b) in
+                      zip(reported_values(reports[0], rules), reported_values(rep, rules)) if a != b]
+            label, a, b = differ[0] if differ else ("loss", float("nan"), float("nan"))
+            v.add("all_reduce", False, what, f"rank 0 and rank {r} report a different {label} "
+                  f"({a:.5f} vs {b:.5f}): each reported only its own share")
             return
     # What every rank put in and what rank 0 reported: the reported numbers must be the means.
     calls = [[kv(f) for f in run.events(r, "all_reduce")] for r in range(ranks)]
@@ -278,28 +293,26 @@ def check_all_reduce(v, run, ranks, rules):
     means = [sum(x) / ranks for x in ins]
     sums = [sum(x) for x in ins]
     own = [x[0] for x in ins]
-    epochs, tests = reports[0]
-    values = [(f"epoch {e + 1} training", t) for e, (t, _) in enumerate(epochs)] + \
-             [(f"epoch {e + 1} validation", val) for e, (_, val) in enumerate(epochs)] + \
-             [("test", t) for t in tests]
     close = lambda x, ys: any(math.isclose(x, y, rel_tol=1e-6, abs_tol=rules.LOSS_TOL) for y in ys)  # noqa
-    for label, x in values:
+    for label, x in reported_values(reports[0], rules):
         if close(x, means):
             continue
         if close(x, sums):
-            why = f"the {label} loss {x:.5f} is the sum over the {ranks} ranks, not their mean: " \
+            why = f"the {label} {x:.5f} is the sum over the {ranks} ranks, not their mean: " \
                   "ReduceOp::SUM without dividing by the world size; use kit::ReduceOp::AVG"
         elif close(x, own):
-            why = f"the {label} loss {x:.5f} is rank 0's own value, not the mean over the ranks"
+            why = f"the {label} {x:.5f} is rank 0's own value, not the mean over the ranks"
         elif n == 0:
             why = "no all_reduce was called"
         else:
-            why = f"the {label} loss {x:.5f} is not the mean over the ranks of any all-reduced value"
+            why = f"the {label} {x:.5f} is not the mean over the ranks of any all-reduced value"
         v.add("all_reduce", False, what, why)
         return
-    expected = 2 * rules.EPOCHS + 1  # train and validation per epoch, then test
+    # Each epoch's reported numbers, then the test loss (the rules' REDUCED when it differs).
+    expected = getattr(rules, "REDUCED", len(getattr(rules, "REPORTED", "..")) * rules.EPOCHS + 1)
     if n < expected and run.finished():
-        v.add("all_reduce", False, what, f"only {n} of the {expected} losses were all-reduced")
+        v.add("all_reduce", False, what, f"only {n} of the {expected} reported numbers were "
+              "all-reduced")
         return
     v.add("all_reduce", True, what)
 
@@ -405,3 +418,92 @@ def check_destroy(v, run, ranks):
 def final_test_loss(run, rules):
     _, tests = reported(run, 0, rules)
     return tests[-1] if tests else None
+
+
+def check_eval_model(v, run, ranks):
+    """Every evaluation's first forward records the sum of the model's buffers (batch norm's
+    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it."""
+    what = "every rank evaluates, and rank 0 saves, the same batch-norm statistics"
+    sums = [[kv(f).get("buffers") for f in run.events(r, "evaluate")] for r in range(ranks)]
+    n = min(len(s) for s in sums)
+    if n == 0:
+        v.add("bn_stats", False, what, "no evaluation was traced")
+        return
+    for k in range(n):
+        if len({sums[r][k] for r in range(ranks)}) > 1:
+            other = next(r for r in range(1, ranks) if sums[r][k] != sums[0][k])
+            v.add("bn_stats", False, what, f"at evaluation {k + 1} rank 0 and rank {other} hold "
+                  "different running statistics: each rank updated its own from its own "
+                  "batches (buffers are not averaged with the gradients), so each evaluates "
+                  "another model and rank 0 saves only its own; average them over the ranks "
+                  "before evaluating")
+            return
+    v.add("bn_stats", True, what)
+
+
+def check_no_sync(v, run, ranks, accum):
+    """Judged by the gradient all-reduces DDP made (its ddp_step events) against the optimizer
+    steps (kit::Metrics' step events) and the micro-batches (the model's training forwards)."""
+    what = f"one gradient all-reduce per step, after the last of its {accum} micro-batches (no_sync)"
+    if not any(run.events(r, "ddp") for r in range(ranks)):
+        v.add("no_sync", False, what, f"needs DistributedDataParallel (TODO {v.todo('ddp')})")
+        return
+    steps = len(run.events(0, "step"))
+    reduced = len(run.events(0, "ddp_step"))
+    forwards = len(run.events(0, "forward"))
+    if steps == 0:
+        v.add("no_sync", False, what, "no training step was traced")
+    elif reduced == steps:
+        v.add("no_sync", True, what)
+    elif reduced == 0:
+        v.add("no_sync", False, what, "no backward averaged the gradients: the last "
+              "micro-batch's backward ran inside no_sync() too, so every rank stepped with its own "
+              "gradients and the replicas drift apart; end the guard before the last backward")
+    elif reduced >= forwards:
+        v.add("no_sync", False, what, f"every micro-batch's backward all-reduced the gradients "
+              f"({reduced} all-reduces for {steps} steps): run all but the last one inside "
+              "ddp.no_sync(), and the last averages their sum at once")
+    else:
+        v.add("no_sync", False, what, f"{reduced} gradient all-reduces for {steps} steps of "
+              f"{accum} micro-batches: exactly one per step, at its last micro-batch")
+
+
+def first_update(run, rank, accum):
+    """(the weights' sum at the first training forward, the change the first optimizer step made
+    to it) on one rank; None when not traced. With `accum` micro-batches per step, forward
+    accum + 1 is the first after an update."""
+    sums = {kv(f).get("step"): float(kv(f).get("params", "nan")) for f in run.events(rank, "forward")}
+    first, after = sums.get("1"), sums.get(str(accum + 1))
+    return None if first is None or after is None else (first, after - first)
+
+
+def check_lr_scaling(v, run, reference, accum, rule_text):
+    """The first update compared with the solution's, when both start from the same weights and
+    the same batch: with SGD's first step (momentum starts at the gradient) the change of the
+    weights is the learning rate times the gradient, so the ratio of the two changes is the ratio
+    of the two learning rates."""
+    what = f"the learning rate follows {rule_text}"
+    mine, theirs = first_update(run, 0, accum), first_update(reference, 0, accum)
+    batches = lambda r: [f for f in r.events(0, "batch") if f.startswith("train ")][:accum]  # noqa
+    if mine is None or theirs is None:
+        v.add("lr", False, what, "no optimizer step was traced")
+        return
+    if not math.isclose(mine[0], theirs[0], rel_tol=1e-12) or batches(run) != batches(reference):
+        v.add("lr", False, what, "not judged: the first step starts from other weights or "
+              f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})")
+        return
+    others = [first_update(run, r, accum) for r in range(1, run.ranks)]
+    if any(o is None or o[1] != mine[1] for o in others):
+        v.add("lr", False, what, "not judged: the ranks made different first updates, so the "
+              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})")
+        return
+    ratio = mine[1] / theirs[1] if theirs[1] else float("nan")
+    if math.isclose(ratio, 1.0, rel_tol=1e-3):
+        v.add("lr", True, what)
+        return
+    why = f"the first update is {ratio:.3g} x the solution's, so the learning rate is too"
+    if math.isclose(ratio, 0.5, rel_tol=0.02):
+        why += ": it was not scaled for the global batch (batch x world size)"
+    elif math.isclose(ratio, 2.0, rel_tol=0.02):
+        why += ": it was scaled twice"
+    v.add("lr", False, what, why)

@@ -1,0 +1,38 @@
+"""Exercise 02's typical mistakes, for the mutation suite (tests/mutations/mutants.py has the
+format and the kinds). The mistakes of what exercise 02 repeats from exercise 01 (headers,
+setup, samplers, loaders, the DDP wrapper, print0, destroy) are exercise 01's mutants, and each
+dropped TODO is also what the previous stage's test shows: the table keeps to what is new here."""
+EXERCISE = "02-resnet-cifar10-ddp"
+
+SAME = "the same kit call as exercise 01's TODO, mutated there; the stage tests show it missing"
+COVERED_BY_STAGES = {"1": SAME, "2-3": SAME, "4": SAME, "5": SAME, "6": SAME, "7": SAME,
+                     "10": SAME, "12": SAME}
+
+NO_SYNC = "          auto quiet = ddp.no_sync();  // only adds to this rank's .grad\n"
+SCALE = "kit::scale_lr(args.lr, args.lr_scaling, batch * world_size, args.lr_base_batch())"
+# (id, kind, todo, what, [(old, new), ...], also)
+MUTANTS = [
+    ("set-epoch-missing", "run", "8", "train_sampler.set_epoch() dropped",
+     [("    train_sampler.set_epoch(epoch);\n", "")], []),
+    ("accuracy-not-reduced", "run", "9", "the test loss is all-reduced, the accuracy is not: "
+     "every rank reports its own",
+     [("  kit::all_reduce(accuracy, kit::ReduceOp::AVG);  // and its accuracy: a mean like any "
+       "other\n", "")], []),
+    ("best-model-torch-save", "run", "11", "model-best.pt saved with torch::save: every rank "
+     "writes the file",
+     [('kit::save0(model, args.out_dir + "/model-best.pt");',
+       'torch::save(model, args.out_dir + "/model-best.pt");')], []),
+    ("bn-stats-own", "run", "13", "batch norm's running statistics not averaged: each rank "
+     "evaluates its own, rank 0 saves its own",
+     [("    for (auto stat : kit::running_statistics(*model)) kit::all_reduce(stat, "
+       "kit::ReduceOp::AVG);\n", "")], []),
+    ("lr-scaled-twice", "run", "14", "--lr multiplied by the world size, then scaled by the "
+     "rule again", [(SCALE, SCALE.replace("(args.lr,", "(args.lr * world_size,"))], []),
+    ("lr-per-rank-batch", "run", "14", "the rule given the per-rank batch, not the global one: "
+     "the rate is not scaled", [(SCALE, SCALE.replace("batch * world_size", "batch"))], []),
+    ("no-sync-missing", "run", "15", "every micro-batch's backward all-reduces (no no_sync)",
+     [(NO_SYNC, "")], []),
+    ("no-sync-last-too", "run", "15", "the last micro-batch's backward inside no_sync() too: "
+     "the gradients are never averaged",
+     [("        if (k + 1 < micro) {", "        if (k < micro) {")], ["7", "14"]),
+]
