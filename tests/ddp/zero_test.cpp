@@ -22,127 +22,26 @@
 #include "kit/zero.h"            // ZeroOptimizer: stages 1 and 2
 #include "kit/zero3.h"           // FullyShardedModel: stage 3
 #include "tiny_lm.h"             // kit_test::tiny_lm (tests/support)
+#include "zero_runs.h"           // kit_bench::train: N ranks at a stage (common/bench)
 
 namespace {
 
 constexpr int64_t kVocab = 61, kSeqLen = 8, kGlobalBatch = 8, kSteps = 4;
 
-torch::optim::AdamWOptions adamw() {
-  // eps 1e-3: see tests/ddp/ddp_test.cpp (rounding noise on a mathematically zero gradient).
-  return torch::optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-3);
+using kit_bench::RankRun;
+
+kit_bench::Setup tiny() {
+  kit_bench::Setup s;
+  s.model = kit_test::tiny_lm(kVocab, kSeqLen);
+  s.global_batch = kGlobalBatch;
+  s.steps = kSteps;
+  return s;
 }
+using kit_bench::adamw;
 
-// Step k's global batch (inputs, targets), the same for every run; rank r reads its rows.
-std::pair<torch::Tensor, torch::Tensor> batch(int64_t k, int n, int r) {
-  auto gen = at::detail::createCPUGenerator(1000 + k);
-  auto ids = torch::randint(0, kVocab, {kGlobalBatch, kSeqLen + 1}, gen, torch::kLong);
-  auto mine = ids.narrow(0, r * (kGlobalBatch / n), kGlobalBatch / n);
-  return {mine.narrow(1, 0, kSeqLen), mine.narrow(1, 1, kSeqLen)};
-}
-
-struct RankRun {
-  std::vector<double> losses;   // this rank's, per step
-  std::vector<torch::Tensor> weights;  // per unit: the full flat weights after the last step
-  kit::HeldBytes held;          // after the last step
-  std::map<std::string, int64_t> step_bytes;  // handed to each kind of collective in one step
-  int64_t P = 0, padded = 0;
-};
-
-std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// Each unit's parameters end to end (no padding): what the sharded runs are compared on.
-std::vector<torch::Tensor> unit_weights(kit::TransformerLM& model) {
-  std::vector<torch::Tensor> out;
-  for (auto& u : model->units()) {
-    std::vector<torch::Tensor> parts;
-    for (auto& p : u.module->parameters()) parts.push_back(p.detach().reshape(-1));
-    out.push_back(torch::cat(parts));
-  }
-  return out;
-}
-
-// Trains N ranks for kSteps at `stage` (0: DDP) and returns each rank's record.
 std::vector<RankRun> train(int stage, int n) {
-  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
-  std::vector<kit::TransformerLM> models;
-  for (int r = 0; r < n; ++r) {
-    torch::manual_seed(r == 0 ? 1 : 100 + r);  // rank 0's weights must reach everybody
-    models.emplace_back(kit_test::tiny_lm(kVocab, kSeqLen));
-  }
-  std::vector<RankRun> runs(n);
-  auto errors = on_every_rank(n, [&](int r) {
-    kit::ProcessGroup& g = *groups[r];
-    kit::ZeroOptions o{stage, adamw(), &g};
-    std::unique_ptr<kit::DistributedDataParallel> ddp;
-    std::unique_ptr<torch::optim::AdamW> torch_adamw;
-    std::unique_ptr<kit::ZeroOptimizer> zero;
-    std::unique_ptr<kit::FullyShardedModel> zero3;
-    if (stage == 0) {
-      kit::DDPOptions d;
-      d.group = &g;
-      ddp = std::make_unique<kit::DistributedDataParallel>(models[r], d);
-      torch_adamw = std::make_unique<torch::optim::AdamW>(models[r]->parameters(), adamw());
-    } else if (stage < 3) {
-      zero = std::make_unique<kit::ZeroOptimizer>(models[r], o);
-    } else {
-      zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o);
-    }
-    for (int64_t k = 0; k < kSteps; ++k) {
-      auto before = g.stats().bytes;
-      auto [input, target] = batch(k, n, r);
-      auto logits = zero3 ? zero3->forward(input) : models[r]->forward(input);
-      auto loss = kit::lm_loss(logits, target);
-      loss.backward();
-      if (torch_adamw) torch_adamw->step();
-      if (zero) zero->step();
-      if (zero3) zero3->step();
-      runs[r].losses.push_back(loss.item<double>());
-      runs[r].step_bytes.clear();
-      for (auto& [kind, b] : g.stats().bytes) runs[r].step_bytes[kind] = b - before[kind];
-      if (k + 1 < kSteps) {  // the last step's gradients stay, for held()
-        if (torch_adamw) torch_adamw->zero_grad();
-        if (zero) zero->zero_grad();
-        if (zero3) zero3->zero_grad();
-      }
-    }
-    RankRun& run = runs[r];
-    if (stage == 0) {
-      auto params = models[r]->parameters();
-      run.held.params = kit::bytes_of(params);
-      std::vector<torch::Tensor> grads, state;
-      for (auto& p : params) grads.push_back(p.grad());
-      for (auto& [key, s] : torch_adamw->state()) {
-        auto& a = static_cast<torch::optim::AdamWParamState&>(*s);
-        state.push_back(a.exp_avg());
-        state.push_back(a.exp_avg_sq());
-      }
-      run.held.grads = kit::bytes_of(grads);
-      run.held.optimizer = kit::bytes_of(state);
-      run.P = run.padded = kit::bytes_of(params) / 4;
-    } else if (zero) {
-      run.held = zero->held();
-      run.P = zero->layout().numel();
-      run.padded = zero->layout().padded();
-    } else {
-      run.held = zero3->held();
-      run.P = zero3->numel();
-      run.padded = zero3->padded();
-    }
-    if (!zero3) run.weights = unit_weights(models[r]);
-  });
+  std::vector<std::string> errors;
+  auto runs = kit_bench::train(tiny(), stage, n, &errors);
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
 }
