@@ -57,11 +57,12 @@ class ZeroOptimizer {
   const ShardLayout& layout() const { return layout_; }
   int stage() const { return stage_; }
   ProcessGroup& group() const { return *group_; }
-  // This rank's part of the training state, for sharded checkpoints: its shard of the weights
-  // (a copy), AdamW's two moments for it, and the steps done.
+  // This rank's part of the training state, for sharded checkpoints (kit/zero_checkpoint.h):
+  // its shard of the weights (a copy), AdamW's two moments for it, and the steps done.
   ShardedAdamW& adamw() { return adamw_; }
   torch::Tensor own_params() const;
-  // Puts a shard back (checkpoint resume) and all-gathers the weights from every rank's shard.
+  // Puts a shard back (checkpoint resume) and all-gathers the weights from every rank's shard:
+  // every rank must call it.
   void load_own_params(const torch::Tensor& shard);
 
  private:

@@ -6,6 +6,8 @@
 // order), hold the bytes the ZeRO formula says, and send the bytes the ring model says.
 // The vocabulary (61 words) makes the parameter count odd: the layouts need padding.
 #include <chrono>
+#include <filesystem>
+#include <unistd.h>  // getpid
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -22,6 +24,7 @@
 #include "kit/zero.h"            // ZeroOptimizer: stages 1 and 2
 #include "kit/zero3.h"           // FullyShardedModel: stage 3
 #include "tiny_lm.h"             // kit_test::tiny_lm (tests/support)
+#include "kit/zero_checkpoint.h" // save_zero_checkpoint, load_zero_checkpoint
 #include "zero_runs.h"           // kit_bench::train: N ranks at a stage (common/bench)
 
 namespace {
@@ -165,6 +168,102 @@ TEST(ZeroLayout, PadsToAMultipleOfTheRanks) {
   EXPECT_TRUE(torch::equal(l.own(flat), torch::tensor({3.f, 0.f})));  // the last shard ends in padding
   EXPECT_TRUE(torch::equal(l.part(flat, 1), ps[1]));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sharded checkpoints
+// ---------------------------------------------------------------------------------------------
+
+struct Resumed {
+  std::vector<std::vector<double>> losses;  // per rank, steps [from, to)
+  std::vector<std::vector<torch::Tensor>> state;  // per rank: every tensor its checkpoint holds
+  std::vector<std::string> errors;
+};
+
+// N ranks at `stage`, each from its own random weights (rank 0's win, or the checkpoint's),
+// optionally loading `load` first, training steps [from, to) and saving to `save` after.
+Resumed steps(int stage, int n, int64_t from, int64_t to, const std::string& load,
+              const std::string& save) {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  const auto s = tiny();
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(from * 10 + r + 5);  // a resumed run starts from other weights
+    models.emplace_back(s.model);
+  }
+  Resumed out;
+  out.losses.resize(n);
+  out.state.resize(n);
+  out.errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::ZeroOptions o{stage, adamw(), groups[r].get()};
+    std::unique_ptr<kit::ZeroOptimizer> zero;
+    std::unique_ptr<kit::FullyShardedModel> zero3;
+    if (stage < 3) zero = std::make_unique<kit::ZeroOptimizer>(models[r], o);
+    else zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o);
+    if (!load.empty()) {
+      if (zero) kit::load_zero_checkpoint(load, *zero);
+      else kit::load_zero_checkpoint(load, *zero3);
+    }
+    for (int64_t k = from; k < to; ++k) {
+      auto [input, target] = kit_bench::batch(s, k, n, r);
+      auto loss = kit::lm_loss(zero ? models[r]->forward(input) : zero3->forward(input), target);
+      loss.backward();
+      if (zero) { zero->step(); zero->zero_grad(); }
+      else { zero3->step(); zero3->zero_grad(); }
+      out.losses[r].push_back(loss.item<double>());
+    }
+    if (!save.empty()) {
+      if (zero) kit::save_zero_checkpoint(save, *zero);
+      else kit::save_zero_checkpoint(save, *zero3);
+    }
+    if (zero) {
+      out.state[r] = {zero->own_params(), zero->adamw().exp_avg().clone(), zero->adamw().exp_avg_sq().clone()};
+      for (auto& p : models[r]->parameters()) out.state[r].push_back(p.detach().clone());
+    } else {
+      for (auto& t : zero3->shards()) out.state[r].push_back(t.detach().clone());
+      for (auto* a : zero3->adamw()) out.state[r].push_back(a->exp_avg().clone());
+    }
+  });
+  return out;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("kit-zero-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+class ZeroResume : public ::testing::TestWithParam<int> {};
+
+// Four steps straight, or two, a checkpoint, and two more in new objects: the same, bit for bit.
+TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
+  const int stage = GetParam(), n = 2;
+  const std::string dir = temp_dir("resume" + std::to_string(stage));
+  const Resumed straight = steps(stage, n, 0, 4, "", "");
+  const Resumed first = steps(stage, n, 0, 2, "", dir);
+  const Resumed second = steps(stage, n, 2, 4, dir, "");
+  for (auto* run : {&straight, &first, &second})
+    for (int r = 0; r < n; ++r) ASSERT_EQ(run->errors[r], "") << "rank " << r;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/shard-" + std::to_string(r) + "-of-2.pt"));
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(first.losses[r][k], straight.losses[r][k]) << "rank " << r << " step " << k + 1;
+      EXPECT_EQ(second.losses[r][k], straight.losses[r][k + 2]) << "rank " << r << " step " << k + 3;
+    }
+    ASSERT_EQ(second.state[r].size(), straight.state[r].size());
+    for (size_t i = 0; i < straight.state[r].size(); ++i)
+      EXPECT_TRUE(torch::equal(second.state[r][i], straight.state[r][i])) << "rank " << r << " tensor " << i;
+  }
+  // Another number of ranks: refused, one line, on every rank, before any collective.
+  const Resumed other = steps(stage, 4, 2, 3, dir, "");
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(other.errors[r], dir + ": written by 2 ranks, this run has 4: a sharded checkpoint "
+                                     "resumes only on as many ranks") << "rank " << r;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 3),
+                         [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
 
 }  // namespace
 
