@@ -22,7 +22,7 @@ from style import COLORS, INK, MUTED  # noqa: E402
 
 STAGES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
 PARTS = [("params", "parameters"), ("grads", "gradients"), ("optimizer", "AdamW state"),
-         ("gathered_peak", "ZeRO-3: one gathered unit")]
+         ("gathered_peak", "one gathered unit")]
 
 
 def read(path):
@@ -33,15 +33,22 @@ def read(path):
     return rows
 
 
+def stage_ticks(group):
+    """The x axis: `group` slots per stage (its bars and a gap); a tick at each stage's middle,
+    labelled with the stage, and unlabelled ticks at both ends to span every slot."""
+    last = len(STAGES) * group - 1
+    middles = {group * i + (group - 1) / 2 - 0.5: name for i, name in enumerate(STAGES)}
+    return {"xticks": [0] + sorted(middles) + [last], "xfmt": lambda v: middles.get(v, "")}
+
+
 def memory(rows, label):
     ranks = sorted({int(r["ranks"]) for r in rows})
     mb = 1e6
     top = max(sum(r[k] for k, _ in PARTS) for r in rows) / mb
-    bars = len(STAGES) * (len(ranks) + 1)
+    group = len(ranks) + 1
     ax = Axes(f"Bytes held per rank{' — ' + label if label else ''}", "stage (bars: 1, 2, 4 ranks)",
-              "MB per rank", [0, bars], [0, top * 1.1], width=960, height=500,
-              xticks=[(len(ranks) + 1) * i + len(ranks) / 2 for i in range(len(STAGES))],
-              xfmt=lambda v: STAGES[int(v // (len(ranks) + 1))])
+              "MB per rank", [0, 1], [0, top * 1.45], width=960, height=500,
+              **stage_ticks(group), legend_at="top right")
     w = (ax.x(1) - ax.x(0)) * 0.8
     for r in rows:
         i = STAGES.index(STAGES[int(r["stage"])]) * (len(ranks) + 1) + ranks.index(int(r["ranks"]))
@@ -67,11 +74,9 @@ def comm(rows, label):
     pts = [(int(r["stage"]), int(r["ranks"]), r["sent"] / ddp[int(r["ranks"])],
             r["theory_sent"] / ddp[int(r["ranks"])]) for r in rows if r["ranks"] > 1]
     group = len(ranks) + 1
-    ax = Axes(f"Bytes sent per step, relative to DDP{' — ' + label if label else ''}",
+    ax = Axes(f"Bytes sent per step vs DDP{' — ' + label if label else ''}",
               "stage (bars: 2, 4 ranks; ring model of each collective)", "x DDP's bytes",
-              [0, len(STAGES) * group], [0, 2], width=960, height=460,
-              xticks=[group * i + len(ranks) / 2 for i in range(len(STAGES))],
-              xfmt=lambda v: STAGES[int(v // group)])
+              [0, 1], [0, 2], width=960, height=460, **stage_ticks(group))
     w = (ax.x(1) - ax.x(0)) * 0.8
     for stage, n, measured, theory in pts:
         x0 = ax.x(stage * group + ranks.index(n) + 0.1)
