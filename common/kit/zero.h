@@ -16,6 +16,10 @@
 // stage 2 a reduce-scatter plus an all-gather, the same bytes as DDP's all-reduce (a ring
 // all-reduce IS a reduce-scatter followed by an all-gather).
 //
+// Reduce-scatter on Gloo: c10d itself emulates it with an all-reduce (kit/compat.h, note 3), so
+// on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
+// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's.
+//
 // Simplification, said plainly: backward still builds every full gradient before step() reduces
 // them (DeepSpeed reduce-scatters bucket by bucket during backward and frees each bucket at once,
 // so the full gradients never all exist together). held() counts what a rank keeps between steps.
