@@ -8,11 +8,14 @@
 //     ring model (kit::ring_bytes), against the theory: DDP 2(N-1)/N 4P, ZeRO-1 3(N-1)/N 4P,
 //     ZeRO-2 2(N-1)/N 4P, ZeRO-3 3(N-1)/N 4P (1.5x DDP).
 //
-//   zero_report [--d-model 128] [--layers 4] [--vocab 2000] [--seq 32] [--csv FILE] [--check]
+//   zero_report [--d-model 128] [--layers 4] [--vocab 2000] [--seq 32] [--stage S] [--csv FILE]
+//               [--check]
+// --stage: only that stage (0 = DDP, 1, 2, 3; anything else is refused with one line).
 // --check: exit 1 if any measured figure differs from its formula. Bad flags: one line, exit 2.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,7 +25,7 @@
 namespace {
 
 int usage(const std::string& why) {
-  std::fprintf(stderr, "zero_report: %s (flags: --d-model N --layers N --vocab N --seq N --csv FILE --check)\n",
+  std::fprintf(stderr, "zero_report: %s (flags: --d-model N --layers N --vocab N --seq N --stage S --csv FILE --check)\n",
                why.c_str());
   return 2;
 }
@@ -49,12 +52,24 @@ int main(int argc, char** argv) {
   s.steps = 2;
   std::string csv;
   bool check = false;
+  int only = -1;  // --stage: one stage, else all four
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--check") { check = true; continue; }
     if (i + 1 >= argc) return usage("flag " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--csv") { csv = v; continue; }
+    if (a == "--stage") {
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      try {
+        if (*end != '\0' || v.empty()) throw std::invalid_argument("--stage wants 0, 1, 2 or 3, not '" + v + "'");
+        only = kit::check_zero_stage(static_cast<int>(x));
+      } catch (const std::invalid_argument& e) {
+        return usage(e.what());
+      }
+      continue;
+    }
     char* end = nullptr;
     const long x = std::strtol(v.c_str(), &end, 10);
     if (*end != '\0' || x <= 0) return usage(a + " wants a positive whole number, not '" + v + "'");
@@ -80,6 +95,7 @@ int main(int argc, char** argv) {
               "sent/step", "theory");
   for (int n : {1, 2, 4}) {
     for (int stage = 0; stage <= 3; ++stage) {
+      if (only >= 0 && stage != only) continue;
       std::vector<std::string> errors;
       auto runs = kit_bench::train(s, stage, n, &errors);
       for (int r = 0; r < n; ++r)
