@@ -5,8 +5,8 @@
 //     against the formula (fp32: 4P, 4P, 8P under DDP; ZeRO-1 divides the optimizer state by N,
 //     ZeRO-2 also the gradients, ZeRO-3 also the parameters; padded to N equal shards);
 //   * the bytes it sent in one step, from what it handed to each collective, converted with the
-//     ring model (kit::ring_bytes), against the theory: DDP 2(N-1)/N 4P, ZeRO-1 3(N-1)/N 4P,
-//     ZeRO-2 2(N-1)/N 4P, ZeRO-3 3(N-1)/N 4P (1.5x DDP).
+//     ring model (kit::ring_bytes), against the theory: DDP, ZeRO-1 and ZeRO-2 2(N-1)/N 4P (a
+//     reduce-scatter and an all-gather make one all-reduce), ZeRO-3 3(N-1)/N 4P (1.5x DDP).
 //
 //   zero_report [--d-model 128] [--layers 4] [--vocab 2000] [--seq 32] [--stage S] [--csv FILE]
 //               [--check]
@@ -34,7 +34,7 @@ int usage(const std::string& why) {
 double theory_sent(int stage, int64_t P, int64_t padded, int n) {
   const double f = (n - 1.0) / n;
   if (stage == 0) return 2 * f * 4 * P;
-  return (stage == 2 ? 2 : 3) * f * 4 * padded;
+  return (stage == 3 ? 3 : 2) * f * 4 * padded;
 }
 
 }  // namespace

@@ -52,21 +52,17 @@ void ZeroOptimizer::step() {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (auto& p : params_) grads.push_back(p.grad());
-  // 1. Average the gradients. The flat copy lives only during this step.
+  // 1. Average the gradients, but only our shard of them comes back: a reduce-scatter. The flat
+  //    copy lives only during this step.
   auto flat_grad = layout_.flatten(grads);
-  torch::Tensor my_grad;
-  if (stage_ == 1) {
-    group_->all_reduce(flat_grad, ReduceOp::AVG);
-    my_grad = layout_.own(flat_grad);
-    // Every parameter's .grad is the average now, as under DDP (clipping, logging read it).
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].grad().defined()) params_[i].mutable_grad().copy_(layout_.part(flat_grad, i));
-  } else {
-    grad_shard_ = torch::empty({layout_.shard()}, flat_grad.options());
-    group_->reduce_scatter(grad_shard_, flat_grad, ReduceOp::AVG);
-    my_grad = grad_shard_;
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();  // keep only our shard
+  torch::Tensor my_grad = torch::empty({layout_.shard()}, flat_grad.options());
+  group_->reduce_scatter(my_grad, flat_grad, ReduceOp::AVG);
+  if (stage_ == 2) {
+    grad_shard_ = my_grad;  // the only gradient kept
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   }
+  // Stage 1 keeps every parameter's .grad as backward left it (this rank's own gradient, not
+  // the average): gradient memory is not sharded at stage 1.
   // 2. AdamW on our shard only, with our shard of the state.
   auto own = layout_.own(layout_.flatten(params_));
   adamw_.update(own, my_grad);

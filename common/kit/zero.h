@@ -6,15 +6,16 @@
 // Under DDP every rank keeps AdamW's two moments for every parameter: 8 bytes a parameter, twice
 // the model itself, stored N times over. Here rank r keeps them only for its shard of the flat
 // parameter vector (kit/sharding.h), and one step is:
-//   1. the gradients are averaged over the ranks.
-//        stage 1: all-reduced, as DDP does (every rank gets all of them, keeps all of them);
-//        stage 2: reduce-scattered: rank r receives only its shard's average, and the full
-//                 gradients are dropped at once: 4 P / N bytes of gradients kept instead of 4 P.
+//   1. the gradients are reduce-scattered: rank r receives only the average over the ranks of
+//      its shard of them, all it needs to update its shard.
+//        stage 1: every parameter's .grad stays as backward made it (this rank's gradient, not
+//                 the average) until zero_grad(): 4 P bytes of gradients, as under DDP;
+//        stage 2: the full gradients are dropped at once and only the averaged shard is kept:
+//                 4 P / N bytes of gradients.
 //   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
 //   3. the updated shards are all-gathered: every rank has the whole new model again.
-// Communication per step: stage 1 sends an all-reduce plus an all-gather (1.5x DDP in a ring);
-// stage 2 a reduce-scatter plus an all-gather, the same bytes as DDP's all-reduce (a ring
-// all-reduce IS a reduce-scatter followed by an all-gather).
+// Communication per step, stage 1 or 2: a reduce-scatter plus an all-gather, the same bytes as
+// DDP's all-reduce (a ring all-reduce IS a reduce-scatter followed by an all-gather).
 //
 // Reduce-scatter on Gloo: c10d itself emulates it with an all-reduce (kit/compat.h, note 3), so
 // on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
