@@ -113,6 +113,22 @@ INSTANTIATE_TEST_SUITE_P(Stages, Zero,
                                   std::to_string(info.param.n);
                          });
 
+// Dropout under ZeRO-3: the recomputation in backward must draw the same masks as the forward
+// did (zero3.cpp saves and restores the generator), or the gradients are of another function.
+// One rank, so that no other thread draws from the process-wide generator in between.
+TEST(Zero3Dropout, RecomputationDrawsTheForwardsMasks) {
+  auto s = tiny();
+  s.model.dropout = 0.3;
+  std::vector<std::string> errors;
+  const auto ddp = kit_bench::train(s, 0, 1, &errors);
+  ASSERT_EQ(errors[0], "");
+  const auto zero3 = kit_bench::train(s, 3, 1, &errors);
+  ASSERT_EQ(errors[0], "");
+  for (int64_t k = 0; k < kSteps; ++k)
+    EXPECT_NEAR(zero3[0].losses[k], ddp[0].losses[k], 1e-5 * std::abs(ddp[0].losses[k]))
+        << "step " << k + 1;
+}
+
 // Bad input: one line each.
 TEST(ZeroBadInput, StageOutOfRange) {
   EXPECT_EQ(kit::check_zero_stage(3), 3);
