@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
   std::FILE* out = nullptr;
   if (!csv.empty() && !(out = std::fopen(csv.c_str(), "w"))) return usage("cannot write " + csv);
   if (out) std::fprintf(out, "ranks,stage,P,padded,params,grads,optimizer,gathered_peak,"
-                             "formula_params,formula_grads,formula_optimizer,sent,theory_sent\n");
+                             "formula_params,formula_grads,formula_optimizer,sent,theory_sent,"
+                             "sent_all_reduce,sent_reduce_scatter,sent_all_gather\n");
   const char* names[] = {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
   bool all_match = true;
   int64_t P = 0;
@@ -107,8 +109,13 @@ int main(int argc, char** argv) {
       const auto& run = runs[0];
       P = run.P;
       const auto f = kit::formula_bytes(stage, run.P, run.padded, n);
+      // Bytes sent in the step, by kind of collective (the ring model), and their sum.
+      std::map<std::string, double> by_kind;
       double sent = 0;
-      for (auto& [kind, b] : run.step_bytes) sent += kit::ring_bytes(kind, static_cast<double>(b), n);
+      for (auto& [kind, b] : run.step_bytes) {
+        by_kind[kind] = kit::ring_bytes(kind, static_cast<double>(b), n);
+        sent += by_kind[kind];
+      }
       const double theory = theory_sent(stage, run.P, run.padded, n);
       const bool match = run.held.params == f.params && run.held.grads == f.grads &&
                          run.held.optimizer == f.optimizer && std::abs(sent - theory) < 0.5;
@@ -119,11 +126,13 @@ int main(int argc, char** argv) {
                   (long long)f.params, (long long)f.grads, (long long)f.optimizer, sent, theory,
                   match ? "" : "  <- differs");
       if (out)
-        std::fprintf(out, "%d,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.0f,%.0f\n", n, stage,
+        std::fprintf(out, "%d,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.0f,%.0f,%.0f,%.0f,%.0f\n",
+                     n, stage,
                      (long long)run.P, (long long)run.padded, (long long)run.held.params,
                      (long long)run.held.grads, (long long)run.held.optimizer,
                      (long long)run.held.gathered_peak, (long long)f.params, (long long)f.grads,
-                     (long long)f.optimizer, sent, theory);
+                     (long long)f.optimizer, sent, theory, by_kind["all_reduce"],
+                     by_kind["reduce_scatter"], by_kind["all_gather"]);
     }
   }
   if (out) std::fclose(out);
