@@ -36,9 +36,9 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/adamw.h>
 
-#include "kit/param_claim.h"
-#include "kit/process_group.h"
-#include "kit/sharding.h"
+#include "kit/param_claim.h"    // ParameterClaim: not together with DDP
+#include "kit/process_group.h"  // ProcessGroup: reduce_scatter, all_gather, broadcast
+#include "kit/sharding.h"       // ShardLayout, ShardedAdamW, HeldBytes
 
 namespace kit {
 

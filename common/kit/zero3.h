@@ -33,10 +33,10 @@
 
 #include <torch/types.h>
 
-#include "kit/param_claim.h"
-#include "kit/process_group.h"
-#include "kit/sharding.h"
-#include "kit/transformer_lm.h"
+#include "kit/param_claim.h"     // ParameterClaim: not together with DDP
+#include "kit/process_group.h"   // ProcessGroup: all_gather, reduce_scatter, broadcast
+#include "kit/sharding.h"        // ShardLayout, ShardedAdamW, HeldBytes
+#include "kit/transformer_lm.h"  // TransformerLM and its units()
 #include "kit/zero.h"  // ZeroOptions
 
 namespace kit {
