@@ -49,4 +49,9 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags);
 int64_t flag_int(const std::string& flag, const std::string& value, int64_t lo,
                  int64_t hi = std::numeric_limits<int64_t>::max());
 
+// For a program that adds one flag of its own to parse_args()'s (exercise 03's --zero-stage):
+// removes --name value or --name=value from argv and returns the value, `absent` when the flag
+// is not there. Call it before parse_args(), which refuses flags it does not know.
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent);
+
 }  // namespace kit

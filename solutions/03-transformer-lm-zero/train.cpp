@@ -21,7 +21,7 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/args.h"             // TrainArgs, parse_args(), flag_int(): the command-line flags
+#include "kit/args.h"             // TrainArgs, parse_args(), take_flag(), flag_int(): the flags
 #include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
 #include "kit/ddp.h"              // DistributedDataParallel: stage 0
@@ -125,17 +125,8 @@ int64_t numel_of(const std::vector<torch::Tensor>& params) {
 
 int main(int argc, char** argv) {
   // --zero-stage is this exercise's own flag: taken out before exercise 01's flags are parsed.
-  int zero_stage = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a != "--zero-stage" && a.rfind("--zero-stage=", 0) != 0) continue;
-    std::string v = a.size() > 12 ? a.substr(13) : (i + 1 < argc ? argv[i + 1] : "");
-    zero_stage = static_cast<int>(kit::flag_int("--zero-stage", v, 0, 3));
-    const int used = a.size() > 12 ? 1 : 2;
-    for (int j = i; j + used < argc; ++j) argv[j] = argv[j + used];
-    argc -= used;
-    break;
-  }
+  const int zero_stage = static_cast<int>(
+      kit::flag_int("--zero-stage", kit::take_flag(argc, argv, "--zero-stage", "0"), 0, 3));
   kit::TrainArgs args = kit::parse_args(argc, argv);
   // Stages whose TODO is missing stop here, before anything else: their TODO is named.
 
