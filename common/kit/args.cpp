@@ -35,6 +35,22 @@ double flag_real(const std::string& flag, const std::string& v, double lo, doubl
   return x;
 }
 
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent) {
+  const std::string with_value = name + "=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg != name && arg.rfind(with_value, 0) != 0) continue;
+    const bool joined = arg != name;  // --name=value: one word; --name value: two
+    const int words = joined ? 1 : 2;
+    if (!joined && i + 1 >= argc) flag_error(name + " needs a value");
+    std::string value = joined ? arg.substr(with_value.size()) : argv[i + 1];
+    for (int j = i; j + words < argc; ++j) argv[j] = argv[j + words];
+    argc -= words;
+    return value;
+  }
+  return absent;
+}
+
 void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
   auto find = [&](const std::string& name) -> const Flag* {
     for (const Flag& f : flags)

@@ -51,4 +51,9 @@ int64_t flag_int(const std::string& flag, const std::string& value, int64_t lo,
 // A number in [lo, hi], else flag_error naming the flag and the value.
 double flag_real(const std::string& flag, const std::string& value, double lo, double hi);
 
+// For a program that adds one flag of its own to parse_args()'s (exercise 03's --zero-stage):
+// removes --name value or --name=value from argv and returns the value, `absent` when the flag
+// is not there. Call it before parse_args(), which refuses flags it does not know.
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent);
+
 }  // namespace kit

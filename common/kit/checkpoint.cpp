@@ -182,6 +182,15 @@ bool Checkpoints::stop_requested(TrainState& state) {
 
 void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                        TrainState& state) {
+  save(&model, &optimizer, nullptr, state);
+}
+
+void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state) {
+  save(nullptr, nullptr, &save_shard, state);
+}
+
+void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
+                       const ShardIO* save_shard, TrainState& state) {
   const std::string name = step_name(state.global_step);
   const std::string final_dir = dir_ + "/" + name;
   // Without a process group (a single process) the temp name is per process, so that several
@@ -214,12 +223,15 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
     if (everyone()) default_group().all_reduce(loss_sums, ReduceOp::SUM);
     loss_sums = loss_sums.to(torch::kCPU);
   }
+  if (save_shard) (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
   if (rank == 0) {
     torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
-    model.save(model_archive);
-    optimizer.save(optimizer_archive);
-    archive.write("model", model_archive);
-    archive.write("optimizer", optimizer_archive);
+    if (model) {
+      model->save(model_archive);
+      optimizer->save(optimizer_archive);
+      archive.write("model", model_archive);
+      archive.write("optimizer", optimizer_archive);
+    }
     archive.write("epoch", torch::tensor(state.epoch, torch::kLong));
     archive.write("step_in_epoch", torch::tensor(state.step_in_epoch, torch::kLong));
     archive.write("global_step", torch::tensor(state.global_step, torch::kLong));
@@ -260,6 +272,16 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
 
 TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                torch::Device device, bool require) {
+  return resume(&model, &optimizer, nullptr, device, require);
+}
+
+TrainState Checkpoints::resume_sharded(const ShardIO& load_shard, torch::Device device,
+                                       bool require) {
+  return resume(nullptr, nullptr, &load_shard, device, require);
+}
+
+TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
+                               const ShardIO* load_shard, torch::Device device, bool require) {
   TrainState state;
   auto all = complete_checkpoints(dir_);
   if (all.empty()) {
@@ -307,8 +329,12 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
   try {
     torch::serialize::InputArchive archive, model_archive, optimizer_archive;
     archive.load_from(path + "/state.pt", device);
-    archive.read("model", model_archive);
-    archive.read("optimizer", optimizer_archive);
+    // A checkpoint of the other form (DDP's for a ZeRO run, or back) has the wrong parts.
+    bool has_model = archive.try_read("model", model_archive);
+    if (has_model != (model != nullptr))
+      throw CheckpointError(has_model ? "it holds a whole model, not ZeRO shards"
+                                      : "it holds ZeRO shards, not a whole model");
+    if (model) archive.read("optimizer", optimizer_archive);
     // A fresh tensor per entry: reading into a defined tensor copies into its dtype.
     auto entry = [&](const char* key) {
       torch::Tensor t;
@@ -323,8 +349,13 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
     if (t.dim() != 1 || t.size(0) != world)
       throw CheckpointError("epoch_loss_sum has shape " + c10::str(t.sizes()) + ", not [" + std::to_string(world) + "]");
     state.epoch_loss_sum = state.step_in_epoch > 0 ? t[get_rank()].clone().to(device) : torch::Tensor();
-    load_values(model, model_archive);  // last: everything above is read and checked first
-    optimizer.load(optimizer_archive);
+    // Last: everything above is read and checked first.
+    if (model) {
+      load_values(*model, model_archive);
+      optimizer->load(optimizer_archive);
+    } else {
+      (*load_shard)(path + "/zero");
+    }
   } catch (const std::exception& e) {
     std::string what = e.what();
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));

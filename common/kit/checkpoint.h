@@ -18,6 +18,7 @@
 #pragma once
 
 #include <csignal>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -80,9 +81,23 @@ class Checkpoints {
   // outlast a short time limit (tests/slurm/test_requeue.sh) without changing a single number.
   bool stop_requested(TrainState& state);
 
+  // ZeRO (kit/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead of
+  // rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and
+  // reads it back with load_shard(<checkpoint>/zero). The rest (where training is, the RNG, the
+  // manifest, the same-number-of-ranks rule) is the same as above.
+  using ShardIO = std::function<void(const std::string& dir)>;
+  void save_sharded(const ShardIO& save_shard, TrainState& state);
+  TrainState resume_sharded(const ShardIO& load_shard, torch::Device device, bool require = false);
+
   const std::string& dir() const { return dir_; }
 
  private:
+  // The one save and the one resume behind both forms: model and optimizer (rank 0) or shards.
+  void save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
+            const ShardIO* save_shard, TrainState& state);
+  TrainState resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
+                    const ShardIO* load_shard, torch::Device device, bool require);
+
   std::string dir_, fingerprint_;
   int keep_;
   int64_t stop_after_ = 0;

@@ -15,6 +15,7 @@
 #include "kit/buckets.h"
 #include "kit/compat.h"
 #include "kit/distributed.h"
+#include "kit/param_claim.h"  // ParameterClaim: no ZeRO on the same model
 #include "kit/trace.h"
 
 namespace kit {
@@ -49,6 +50,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::shared_ptr<ProcessGroup> keep_group;  // the default group stays valid (closed, not freed)
   Options options;
   std::vector<torch::Tensor> params;
+  std::unique_ptr<ParameterClaim> claim;  // these parameters are ours while we live
   std::vector<size_t> bytes;                     // of each parameter's gradient
   std::vector<size_t> bucket_of;                 // param -> its bucket
   std::vector<torch::Tensor> windows;            // param -> its gradient's place in its bucket
@@ -229,6 +231,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (auto& p : module->parameters())
     if (p.requires_grad()) r.params.push_back(p);
   TORCH_CHECK(!r.params.empty(), "DistributedDataParallel: the model has no trainable parameters");
+  r.claim = std::make_unique<ParameterClaim>(r.params, "DistributedDataParallel");
 
   // 1. Same starting point everywhere: rank 0's parameters and buffers, one broadcast per dtype.
   //    Not all through float32: that would round float64 weights and large int64 buffers, and

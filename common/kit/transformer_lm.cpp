@@ -53,15 +53,34 @@ void TransformerLMImpl::to(torch::Device device, bool non_blocking) {
 
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
   if (is_training()) trace::record_training_forward(*this, ++training_forwards_);
-  const int64_t seq = tokens.size(1);
-  TORCH_CHECK(seq <= options_.max_len, "TransformerLM: sequence of ", seq, " > max_len ", options_.max_len);
-  // The C++ TransformerEncoder expects [seq, batch, features].
-  auto x = embed_(tokens) * std::sqrt(static_cast<double>(options_.d_model));
-  x = dropout_(x + positions_.narrow(0, 0, seq).unsqueeze(0)).transpose(0, 1);
-  auto causal = torch::triu(torch::full({seq, seq}, -std::numeric_limits<float>::infinity(),
-                                        x.options()), 1);
-  x = encoder_(x, causal).transpose(0, 1);
-  return head_(x);
+  torch::Tensor x = tokens;
+  for (auto& unit : units()) x = unit.run(x);
+  return x;
+}
+
+std::vector<TransformerLMImpl::Unit> TransformerLMImpl::units() {
+  std::vector<Unit> out;
+  // Tokens [batch, seq] -> [seq, batch, features]: the C++ TransformerEncoder's layout.
+  out.push_back({embed_.ptr(), [this](const torch::Tensor& tokens) {
+    const int64_t seq = tokens.size(1);
+    TORCH_CHECK(seq <= options_.max_len, "TransformerLM: sequence of ", seq, " > max_len ",
+                options_.max_len);
+    auto x = embed_(tokens) * std::sqrt(static_cast<double>(options_.d_model));
+    return dropout_(x + positions_.narrow(0, 0, seq).unsqueeze(0)).transpose(0, 1);
+  }});
+  // The encoder's layers one by one, as TransformerEncoder::forward runs them (no final norm).
+  TORCH_CHECK(encoder_->norm.is_empty(), "TransformerLM::units: the encoder has a final norm");
+  for (size_t i = 0; i < encoder_->layers->size(); ++i) {
+    auto layer = encoder_->layers->ptr<torch::nn::TransformerEncoderLayerImpl>(i);
+    out.push_back({layer, [layer](const torch::Tensor& x) {
+      const int64_t seq = x.size(0);
+      auto causal = torch::triu(
+          torch::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options()), 1);
+      return layer->forward(x, causal);
+    }});
+  }
+  out.push_back({head_.ptr(), [this](const torch::Tensor& x) { return head_(x.transpose(0, 1)); }});
+  return out;
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -2,6 +2,10 @@
 // word. The model is not the subject of the course; any torch::nn::Module would do.
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <vector>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -32,6 +36,17 @@ class TransformerLMImpl : public torch::nn::Module {
   // tokens: [batch, seq] word ids -> logits [batch, seq, vocab]. Each position only sees the
   // positions before it (causal mask), so position t predicts word t+1.
   torch::Tensor forward(const torch::Tensor& tokens);
+
+  // The model as a chain of units: forward() is the units applied in order (the embedding, each
+  // encoder layer, the output layer). ZeRO-3 (kit/zero3.h) shards the parameters unit by unit
+  // and gathers each unit's just for its turn. `module` holds the unit's parameters; `run` is what
+  // it computes, from the previous unit's output (the tokens, for the first). Valid as long as
+  // the model lives.
+  struct Unit {
+    std::shared_ptr<torch::nn::Module> module;
+    std::function<torch::Tensor(const torch::Tensor&)> run;
+  };
+  std::vector<Unit> units();
   // As Module::to, and for the checker (trace.h) records the device the trainer asked for
   // ("model_to device=..."): on a CPU-only machine a wrongly numbered device (cpu:1 where setup()
   // gave cpu) leaves no other trace, because CPU tensors always report plain "cpu".

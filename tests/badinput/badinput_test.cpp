@@ -62,8 +62,10 @@ std::map<std::string, std::string> rank_env(int rank, int world, int port,
   return extra;
 }
 
-std::vector<std::string> trainer(std::vector<std::string> args, bool quick = true) {
-  std::vector<std::string> argv = {TRAINER_EXE};
+// exe: exercise 01's solution, or exercise 03's (ZERO_TRAINER_EXE) for the ZeRO cases.
+std::vector<std::string> trainer(std::vector<std::string> args, bool quick = true,
+                                 const char* exe = TRAINER_EXE) {
+  std::vector<std::string> argv = {exe};
   if (quick) argv.insert(argv.end(), kQuick.begin(), kQuick.end());
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
@@ -251,6 +253,15 @@ TEST(BadInput, EpochsNotANumber) {
   EXPECT_EQ(r.exit_code, 2) << r;
 }
 
+TEST(BadInput, ZeroStageOutOfRange) {
+  TempDir tmp;
+  Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--zero-stage", "4"}, true, ZERO_TRAINER_EXE),
+            clean_env({}), tmp.path, "t");
+  Result r = p.wait(20);
+  expect_one_clear_line(r, {"--zero-stage", "[0, 3]", "'4'"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+}
+
 TEST(BadInput, UnknownFlag) {
   TempDir tmp;
   Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--nope"}), clean_env({}), tmp.path, "t");
@@ -346,11 +357,15 @@ TEST(BadInput, UnknownBackend) {
 
 // A run folder with one checkpoint (step-000000003, 2 ranks, the quick settings), made by a real
 // 2-rank run under ddprun; each test damages its own copy.
-fs::path checkpointed_run(const fs::path& dir) {
+// exe and extra: another trainer and its flags (exercise 03 with --zero-stage N).
+fs::path checkpointed_run(const fs::path& dir, const char* exe = TRAINER_EXE,
+                          std::vector<std::string> extra = {}) {
   const fs::path out = dir / "run";
   fs::create_directories(out);
   std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", "2", "--"};
-  for (auto& a : trainer({"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()})) argv.push_back(a);
+  std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  for (auto& a : trainer(args, true, exe)) argv.push_back(a);
   Process p(argv, clean_env({}), dir, "make-checkpoint");
   Result r = p.wait(60);
   if (r.exit_code != 0 || !fs::exists(out / "checkpoints" / "step-000000003" / "MANIFEST"))
@@ -365,13 +380,14 @@ fs::path checkpoint_dir(const fs::path& out) { return out / "checkpoints" / "ste
 // within seconds and exactly one line on stderr, "rank R: error: checkpoint <dir> ...", with
 // every one of `words`. The checkpoint itself stays where it was.
 void expect_refused(const fs::path& dir, const fs::path& out, int ranks,
-                    std::initializer_list<std::string> words, std::vector<std::string> extra = {}) {
+                    std::initializer_list<std::string> words, std::vector<std::string> extra = {},
+                    const char* exe = TRAINER_EXE) {
   std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()};
   args.insert(args.end(), extra.begin(), extra.end());
   const int port = free_port();
   std::vector<std::unique_ptr<Process>> procs;
   for (int r = 0; r < ranks; ++r)
-    procs.push_back(std::make_unique<Process>(trainer(args), clean_env(rank_env(r, ranks, port, {{"KIT_TIMEOUT", "20"}})),
+    procs.push_back(std::make_unique<Process>(trainer(args, true, exe), clean_env(rank_env(r, ranks, port, {{"KIT_TIMEOUT", "20"}})),
                                               dir, "rank" + std::to_string(r)));
   for (int r = 0; r < ranks; ++r) {
     Result res = procs[static_cast<size_t>(r)]->wait(40);
@@ -441,6 +457,23 @@ TEST(BadInput, CheckpointOfAnotherRankCount) {
   TempDir tmp;
   const fs::path out = checkpointed_run(tmp.path);
   expect_refused(tmp.path, out, 3, {"was written by 2 ranks; this run has 3", "nothing was loaded"});
+}
+
+// Exercise 03: a ZeRO-2 run's sharded checkpoint (each rank's shard under zero/) is refused on 3
+// ranks, and by a run of another ZeRO stage.
+TEST(BadInput, ShardedCheckpointOfAnotherRankCount) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", "2"});
+  EXPECT_TRUE(fs::exists(checkpoint_dir(out) / "zero" / "shard-1-of-2.pt"));
+  expect_refused(tmp.path, out, 3, {"was written by 2 ranks; this run has 3", "nothing was loaded"},
+                 {"--zero-stage", "2"}, ZERO_TRAINER_EXE);
+}
+
+TEST(BadInput, ShardedCheckpointOfAnotherZeroStage) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", "2"});
+  expect_refused(tmp.path, out, 2, {"another configuration", "zero-stage 2", "zero-stage 3"},
+                 {"--zero-stage", "3"}, ZERO_TRAINER_EXE);
 }
 
 TEST(BadInput, ResumeWithoutCheckpoint) {

@@ -36,7 +36,7 @@ class Check:
         self.ranks = args.ranks
         self.source = args.source
         self.verdicts = Verdicts(getattr(rules, "LABELS", {}))
-        self.alone = self.many = self.nodes = self.reference = None
+        self.alone = self.many = self.nodes = self.reference = self.data = None
 
     def tool(self, name):
         """A program of the build (ddprun, make_corpus, ...): --<name> or --bin-dir/<name>."""
@@ -125,6 +125,7 @@ def main(argv, doc):
             check.reference = reference_run(check, a.reference_dir, data)
     else:
         data = rules.prepare_data(check, workdir)
+    check.data = data  # for rules that launch runs of their own (rules/ex03.py)
     check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
     # Work after destroy_process_group() fails even alone; the judges name its TODO.
     if check.alone.failure() and not check.alone.events(0, "after_destroy"):

@@ -1,0 +1,96 @@
+// kit/sharding.h — what every ZeRO stage shares: the flat layout of the parameters and which
+// slice of it a rank owns (ShardLayout), AdamW applied to one such slice (ShardedAdamW), the
+// bytes a rank holds by category (HeldBytes) and the check of the stage number.
+//
+// The layout: the parameters, in a fixed order (the model's), are laid end to end in one flat
+// vector of P elements, padded with zeros to a multiple of the world size N, so that it cuts into
+// N equal shards of S = ceil(P / N) elements; rank r owns elements [r S, (r + 1) S). Equal shards
+// are what all-gather and reduce-scatter need; the padding (fewer than N elements) is never
+// read by the model, and stays zero through AdamW (zero gradient, zero weight: zero update).
+//
+// AdamW works element by element, so AdamW on a slice of the flat vector is exactly AdamW on the
+// parameters that slice covers: the same operations in the same order as torch::optim::AdamW.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+
+namespace kit {
+
+// 0 is plain DDP; 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.
+// Returns `stage`, or throws std::invalid_argument (one line) outside 0..3.
+int check_zero_stage(int stage);
+
+class ShardLayout {
+ public:
+  // The layout of `params` (their shapes; nothing is copied) over `world` ranks, seen by `rank`.
+  ShardLayout(const std::vector<torch::Tensor>& params, int world, int rank);
+
+  int64_t numel() const { return numel_; }      // P: the parameters' elements
+  int64_t padded() const { return shard_ * world_; }  // N S >= P
+  int64_t shard() const { return shard_; }      // S: the elements each rank owns
+  int64_t begin() const { return shard_ * rank_; }  // where this rank's shard starts
+
+  // `tensors` (one per parameter, in layout order; undefined = zeros) end to end in one new,
+  // padded flat tensor of N S elements.
+  torch::Tensor flatten(const std::vector<torch::Tensor>& tensors) const;
+  // Parameter i's part of a padded flat tensor, shaped like parameter i (a view, no copy).
+  torch::Tensor part(const torch::Tensor& flat, size_t i) const;
+  // This rank's shard of a padded flat tensor (a view).
+  torch::Tensor own(const torch::Tensor& flat) const { return flat.narrow(0, begin(), shard_); }
+  size_t count() const { return shapes_.size(); }
+
+ private:
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> offsets_;
+  int64_t numel_ = 0, shard_ = 0;
+  int world_, rank_;
+};
+
+// AdamW's state for one flat shard, and its update.
+class ShardedAdamW {
+ public:
+  ShardedAdamW(const torch::optim::AdamWOptions& options, const torch::Tensor& like_shard);
+  // param -= AdamW's step for `grad`, in place (both: this rank's shard).
+  void update(torch::Tensor param, const torch::Tensor& grad);
+  int64_t steps() const { return step_; }
+  torch::Tensor& exp_avg() { return exp_avg_; }
+  torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  void set_steps(int64_t s) { step_ = s; }
+  int64_t bytes() const;  // the state held: both moments
+  const torch::optim::AdamWOptions& options() const { return options_; }
+
+ private:
+  torch::optim::AdamWOptions options_;
+  torch::Tensor exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+// Bytes of training state one rank holds, by category, measured on the tensors it really keeps.
+struct HeldBytes {
+  int64_t params = 0;     // ZeRO-3: the persistent shards (the peak gathered unit is apart)
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t gathered_peak = 0;  // ZeRO-3 only: the largest unit's full parameters, while in use
+  int64_t total() const { return params + grads + optimizer + gathered_peak; }
+};
+
+// The same figures from the formula (fp32, AdamW: 4 bytes a parameter, 4 a gradient, 8 of
+// state), for P parameters on N ranks at `stage`, the sharded categories counted as N S / N with
+// the padding of `layout_padded` (N S); for stage 3 gathered_peak is left to the caller.
+HeldBytes formula_bytes(int stage, int64_t P, int64_t padded, int world);
+
+// Bytes one rank sends per collective in a ring algorithm, from what it handed to each kind
+// (CommStats counts the tensors' sizes): an all-reduce of b bytes sends 2 (N-1)/N b, a
+// reduce-scatter of an input of b bytes (N-1)/N b, an all-gather of an input (its shard) of b
+// bytes (N-1) b; a broadcast is left out (only at construction).
+double ring_bytes(const std::string& kind, double bytes, int world);
+
+// Sum of nbytes() of the defined tensors among `ts`.
+int64_t bytes_of(const std::vector<torch::Tensor>& ts);
+
+}  // namespace kit

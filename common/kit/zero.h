@@ -1,0 +1,86 @@
+// kit/zero.h — ZeroOptimizer: AdamW with its state sharded over the ranks (ZeRO stages 1 and 2).
+//
+//   kit::ZeroOptimizer optimizer(model, {.stage = 2, .adamw = AdamWOptions(1e-3)});  // no DDP
+//   ... loss.backward(); optimizer.step(); optimizer.zero_grad();
+//
+// Under DDP every rank keeps AdamW's two moments for every parameter: 8 bytes a parameter, twice
+// the model itself, stored N times over. Here rank r keeps them only for its shard of the flat
+// parameter vector (kit/sharding.h), and one step is:
+//   1. the gradients are reduce-scattered: rank r receives only the average over the ranks of
+//      its shard of them, all it needs to update its shard.
+//        stage 1: every parameter's .grad stays as backward made it (this rank's gradient, not
+//                 the average) until zero_grad(): 4 P bytes of gradients, as under DDP;
+//        stage 2: the full gradients are dropped at once and only the averaged shard is kept:
+//                 4 P / N bytes of gradients.
+//   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
+//   3. the updated shards are all-gathered: every rank has the whole new model again.
+// Communication per step, stage 1 or 2: a reduce-scatter plus an all-gather, the same bytes as
+// DDP's all-reduce (a ring all-reduce IS a reduce-scatter followed by an all-gather).
+//
+// Reduce-scatter on Gloo: c10d itself emulates it with an all-reduce (kit/compat.h, note 3), so
+// on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
+// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's.
+//
+// Simplification, said plainly: backward still builds every full gradient before step() reduces
+// them (DeepSpeed reduce-scatters bucket by bucket during backward and frees each bucket at once,
+// so the full gradients never all exist together). held() counts what a rank keeps between steps.
+//
+// Wraps the model instead of DDP, never together with it (one error line: kit/param_claim.h).
+// At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/adamw.h>
+
+#include "kit/param_claim.h"    // ParameterClaim: not together with DDP
+#include "kit/process_group.h"  // ProcessGroup: reduce_scatter, all_gather, broadcast
+#include "kit/sharding.h"       // ShardLayout, ShardedAdamW, HeldBytes
+
+namespace kit {
+
+struct ZeroOptions {
+  int stage = 1;  // 1 or 2 here; 3 is kit/zero3.h
+  torch::optim::AdamWOptions adamw{1e-3};
+  ProcessGroup* group = nullptr;  // default: the group of kit::setup()
+};
+
+class ZeroOptimizer {
+ public:
+  template <typename M>
+  ZeroOptimizer(const torch::nn::ModuleHolder<M>& model, ZeroOptions options)
+      : ZeroOptimizer(model->parameters(), options) {}
+  ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options);
+
+  void zero_grad();  // drops the gradients (as zero_grad(set_to_none))
+  void step();       // the three steps above; every rank must call it
+
+  HeldBytes held() const;
+  const ShardLayout& layout() const { return layout_; }
+  int stage() const { return stage_; }
+  ProcessGroup& group() const { return *group_; }
+  // This rank's part of the training state, for sharded checkpoints (kit/zero_checkpoint.h):
+  // its shard of the weights (a copy), AdamW's two moments for it, and the steps done.
+  ShardedAdamW& adamw() { return adamw_; }
+  torch::Tensor own_params() const;
+  // Puts a shard back (checkpoint resume) and all-gathers the weights from every rank's shard:
+  // every rank must call it.
+  void load_own_params(const torch::Tensor& shard);
+
+ private:
+  void gather_params(const torch::Tensor& own);  // all-gather the shards into the parameters
+
+  std::shared_ptr<ProcessGroup> keep_group_;
+  ProcessGroup* group_;
+  int stage_;
+  std::vector<torch::Tensor> params_;
+  ParameterClaim claim_;
+  ShardLayout layout_;
+  ShardedAdamW adamw_;
+  torch::Tensor grad_shard_;  // stage 2: the only gradient kept, S elements
+};
+
+}  // namespace kit

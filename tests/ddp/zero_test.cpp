@@ -1,0 +1,290 @@
+// ZeRO stages 1, 2 and 3 (kit/zero.h, kit/zero3.h) against DDP: N in-process ranks (threads,
+// each with its own model and ProcessGroup) train the tiny Transformer with AdamW, once under
+// DistributedDataParallel + torch::optim::AdamW and once sharded, from the same weights on the
+// same batches. The sharded run must give the same losses and weights (to float tolerance: the
+// gradients are averaged by a reduce-scatter instead of an all-reduce, which may sum in another
+// order), hold the bytes the ZeRO formula says, and send the bytes the ring model says.
+// The vocabulary (61 words) makes the parameter count odd: the layouts need padding.
+#include <chrono>
+#include <filesystem>
+#include <unistd.h>  // getpid
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "kit/ddp.h"             // DistributedDataParallel: the reference
+#include "kit/process_group.h"   // local_groups, CommStats
+#include "kit/sharding.h"        // HeldBytes, formula_bytes, ring_bytes, check_zero_stage
+#include "kit/transformer_lm.h"  // TransformerLM, lm_loss
+#include "kit/zero.h"            // ZeroOptimizer: stages 1 and 2
+#include "kit/zero3.h"           // FullyShardedModel: stage 3
+#include "tiny_lm.h"             // kit_test::tiny_lm (tests/support)
+#include "kit/zero_checkpoint.h" // save_zero_checkpoint, load_zero_checkpoint
+#include "zero_runs.h"           // kit_bench::train: N ranks at a stage (common/bench)
+
+namespace {
+
+constexpr int64_t kVocab = 61, kSeqLen = 8, kGlobalBatch = 8, kSteps = 4;
+
+using kit_bench::RankRun;
+
+kit_bench::Setup tiny() {
+  kit_bench::Setup s;
+  s.model = kit_test::tiny_lm(kVocab, kSeqLen);
+  s.global_batch = kGlobalBatch;
+  s.steps = kSteps;
+  return s;
+}
+using kit_bench::adamw;
+
+std::vector<RankRun> train(int stage, int n) {
+  std::vector<std::string> errors;
+  auto runs = kit_bench::train(tiny(), stage, n, &errors);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return runs;
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-12);
+}
+
+struct Case {
+  int stage, n;
+};
+
+class Zero : public ::testing::TestWithParam<Case> {};
+
+// Same losses, same weights as DDP, and the bytes of the ZeRO formula.
+TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
+  const int stage = GetParam().stage, n = GetParam().n;
+  const std::vector<RankRun> ddp = train(0, n);
+  const std::vector<RankRun> zero = train(stage, n);
+  ASSERT_EQ(zero.size(), static_cast<size_t>(n));
+  EXPECT_GT(std::abs(ddp[0].losses.front() - ddp[0].losses.back()), 1e-3) << "training must move";
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(zero[r].losses.size(), static_cast<size_t>(kSteps));
+    for (int64_t k = 0; k < kSteps; ++k)
+      EXPECT_NEAR(zero[r].losses[k], ddp[r].losses[k], 1e-5 * std::abs(ddp[r].losses[k]))
+          << "rank " << r << ", step " << k + 1;
+    // The bytes held, measured on the tensors, against the formula with this layout's padding.
+    const auto want = kit::formula_bytes(stage, zero[r].P, zero[r].padded, n);
+    EXPECT_EQ(zero[r].held.params, want.params) << "rank " << r;
+    EXPECT_EQ(zero[r].held.grads, want.grads) << "rank " << r;
+    EXPECT_EQ(zero[r].held.optimizer, want.optimizer) << "rank " << r;
+    EXPECT_EQ(zero[r].P, ddp[r].P);
+    const auto dp = kit::formula_bytes(0, ddp[r].P, ddp[r].P, n);
+    EXPECT_EQ(ddp[r].held.params, dp.params);
+    EXPECT_EQ(ddp[r].held.grads, dp.grads);
+    EXPECT_EQ(ddp[r].held.optimizer, dp.optimizer);
+    EXPECT_LT(zero[r].held.total(), ddp[r].held.total()) << "sharding must hold less than DDP";
+    if (stage == 3) {  // one unit's full weights at a time: the largest, a Transformer block
+      EXPECT_GT(zero[r].held.gathered_peak, 0);
+      EXPECT_LT(zero[r].held.gathered_peak, 4 * zero[r].P);
+    }
+  }
+  // The weights: under ZeRO-1/2 each rank's model; under ZeRO-3 nobody holds them whole, and
+  // the equal losses of the last step say they agreed before it.
+  if (stage < 3)
+    for (int r = 0; r < n; ++r)
+      for (size_t u = 0; u < ddp[0].weights.size(); ++u) {
+        EXPECT_LE(relative(zero[r].weights[u], ddp[0].weights[u]), 1e-5) << "rank " << r << " unit " << u;
+        EXPECT_TRUE(torch::equal(zero[r].weights[u], zero[0].weights[u])) << "rank " << r << " unit " << u;
+      }
+  // Bytes sent per step in a ring, against the theory: stages 1 and 2 = DDP's, 3 = 1.5x.
+  auto sent = [&](const RankRun& run) {
+    double s = 0;
+    for (auto& [kind, b] : run.step_bytes) s += kit::ring_bytes(kind, static_cast<double>(b), n);
+    return s;
+  };
+  const double ratio = sent(zero[0]) / sent(ddp[0]);
+  const double expected = stage == 3 ? 1.5 : 1.0;
+  EXPECT_NEAR(ratio, expected, 0.01) << "ZeRO-" << stage << " sends " << ratio << "x DDP's bytes";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Zero,
+                         ::testing::Values(Case{1, 2}, Case{2, 2}, Case{3, 2}, Case{2, 4}, Case{3, 4}),
+                         [](const auto& info) {
+                           return "ZeRO" + std::to_string(info.param.stage) + "_N" +
+                                  std::to_string(info.param.n);
+                         });
+
+// Dropout under ZeRO-3: the recomputation in backward must draw the same masks as the forward
+// did (zero3.cpp saves and restores the generator), or the gradients are of another function.
+// One rank, so that no other thread draws from the process-wide generator in between.
+TEST(Zero3Dropout, RecomputationDrawsTheForwardsMasks) {
+  auto s = tiny();
+  s.model.dropout = 0.3;
+  std::vector<std::string> errors;
+  const auto ddp = kit_bench::train(s, 0, 1, &errors);
+  ASSERT_EQ(errors[0], "");
+  const auto zero3 = kit_bench::train(s, 3, 1, &errors);
+  ASSERT_EQ(errors[0], "");
+  for (int64_t k = 0; k < kSteps; ++k)
+    EXPECT_NEAR(zero3[0].losses[k], ddp[0].losses[k], 1e-5 * std::abs(ddp[0].losses[k]))
+        << "step " << k + 1;
+}
+
+// Bad input: one line each.
+TEST(ZeroBadInput, StageOutOfRange) {
+  EXPECT_EQ(kit::check_zero_stage(3), 3);
+  try {
+    kit::check_zero_stage(4);
+    FAIL() << "stage 4 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "ZeRO stage 4 does not exist: use 0 (DDP), 1, 2 or 3");
+  }
+  auto groups = kit::ProcessGroup::local_groups(1);
+  kit::TransformerLM model(kit_test::tiny_lm(kVocab, kSeqLen));
+  EXPECT_THROW(kit::ZeroOptimizer(model, {-1, adamw(), groups[0].get()}), std::invalid_argument);
+  EXPECT_THROW(kit::ZeroOptimizer(model, {3, adamw(), groups[0].get()}), std::invalid_argument);
+  EXPECT_THROW(kit::FullyShardedModel(model, {2, adamw(), groups[0].get()}), std::invalid_argument);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ZeroBadInput, DDPAndZeroOnOneModelAreRefused) {
+  auto groups = kit::ProcessGroup::local_groups(1);
+  kit::TransformerLM model(kit_test::tiny_lm(kVocab, kSeqLen));
+  kit::DDPOptions d;
+  d.group = groups[0].get();
+  {
+    kit::DistributedDataParallel ddp(model, d);
+    EXPECT_EQ(error_of([&] { kit::ZeroOptimizer z(model, {2, adamw(), groups[0].get()}); }),
+              "ZeRO-2: this model is already wrapped by DistributedDataParallel; use one of them "
+              "per model, not both");
+    EXPECT_NE(error_of([&] { kit::FullyShardedModel z(model, {3, adamw(), groups[0].get()}); }), "");
+  }
+  kit::ZeroOptimizer zero(model, {1, adamw(), groups[0].get()});  // DDP gone: the model is free
+  const std::string e = error_of([&] { kit::DistributedDataParallel again(model, d); });
+  EXPECT_EQ(e, "DistributedDataParallel: this model is already wrapped by ZeRO-1; use one of them "
+               "per model, not both");
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+// Parameters that do not divide by the ranks are padded: 7 elements on 4 ranks.
+TEST(ZeroLayout, PadsToAMultipleOfTheRanks) {
+  std::vector<torch::Tensor> ps{torch::arange(3, torch::kFloat), torch::arange(4, torch::kFloat).view({2, 2})};
+  kit::ShardLayout l(ps, 4, 3);
+  EXPECT_EQ(l.numel(), 7);
+  EXPECT_EQ(l.shard(), 2);
+  EXPECT_EQ(l.padded(), 8);
+  auto flat = l.flatten(ps);
+  EXPECT_TRUE(torch::equal(l.own(flat), torch::tensor({3.f, 0.f})));  // the last shard ends in padding
+  EXPECT_TRUE(torch::equal(l.part(flat, 1), ps[1]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded checkpoints
+// ---------------------------------------------------------------------------------------------
+
+struct Resumed {
+  std::vector<std::vector<double>> losses;  // per rank, steps [from, to)
+  std::vector<std::vector<torch::Tensor>> state;  // per rank: every tensor its checkpoint holds
+  std::vector<std::string> errors;
+};
+
+// N ranks at `stage`, each from its own random weights (rank 0's win, or the checkpoint's),
+// optionally loading `load` first, training steps [from, to) and saving to `save` after.
+Resumed steps(int stage, int n, int64_t from, int64_t to, const std::string& load,
+              const std::string& save) {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  const auto s = tiny();
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(from * 10 + r + 5);  // a resumed run starts from other weights
+    models.emplace_back(s.model);
+  }
+  Resumed out;
+  out.losses.resize(n);
+  out.state.resize(n);
+  out.errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::ZeroOptions o{stage, adamw(), groups[r].get()};
+    std::unique_ptr<kit::ZeroOptimizer> zero;
+    std::unique_ptr<kit::FullyShardedModel> zero3;
+    if (stage < 3) zero = std::make_unique<kit::ZeroOptimizer>(models[r], o);
+    else zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o);
+    if (!load.empty()) {
+      if (zero) kit::load_zero_checkpoint(load, *zero);
+      else kit::load_zero_checkpoint(load, *zero3);
+    }
+    for (int64_t k = from; k < to; ++k) {
+      auto [input, target] = kit_bench::batch(s, k, n, r);
+      auto loss = kit::lm_loss(zero ? models[r]->forward(input) : zero3->forward(input), target);
+      loss.backward();
+      if (zero) { zero->step(); zero->zero_grad(); }
+      else { zero3->step(); zero3->zero_grad(); }
+      out.losses[r].push_back(loss.item<double>());
+    }
+    if (!save.empty()) {
+      if (zero) kit::save_zero_checkpoint(save, *zero);
+      else kit::save_zero_checkpoint(save, *zero3);
+    }
+    if (zero) {
+      out.state[r] = {zero->own_params(), zero->adamw().exp_avg().clone(), zero->adamw().exp_avg_sq().clone()};
+      for (auto& p : models[r]->parameters()) out.state[r].push_back(p.detach().clone());
+    } else {
+      for (auto& t : zero3->shards()) out.state[r].push_back(t.detach().clone());
+      for (auto* a : zero3->adamw()) out.state[r].push_back(a->exp_avg().clone());
+    }
+  });
+  return out;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("kit-zero-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+class ZeroResume : public ::testing::TestWithParam<int> {};
+
+// Four steps straight, or two, a checkpoint, and two more in new objects: the same, bit for bit.
+TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
+  const int stage = GetParam(), n = 2;
+  const std::string dir = temp_dir("resume" + std::to_string(stage));
+  const Resumed straight = steps(stage, n, 0, 4, "", "");
+  const Resumed first = steps(stage, n, 0, 2, "", dir);
+  const Resumed second = steps(stage, n, 2, 4, dir, "");
+  for (auto* run : {&straight, &first, &second})
+    for (int r = 0; r < n; ++r) ASSERT_EQ(run->errors[r], "") << "rank " << r;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/shard-" + std::to_string(r) + "-of-2.pt"));
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(first.losses[r][k], straight.losses[r][k]) << "rank " << r << " step " << k + 1;
+      EXPECT_EQ(second.losses[r][k], straight.losses[r][k + 2]) << "rank " << r << " step " << k + 3;
+    }
+    ASSERT_EQ(second.state[r].size(), straight.state[r].size());
+    for (size_t i = 0; i < straight.state[r].size(); ++i)
+      EXPECT_TRUE(torch::equal(second.state[r][i], straight.state[r][i])) << "rank " << r << " tensor " << i;
+  }
+  // Another number of ranks: refused, one line, on every rank, before any collective.
+  const Resumed other = steps(stage, 4, 2, 3, dir, "");
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(other.errors[r], dir + ": written by 2 ranks, this run has 4: a sharded checkpoint "
+                                     "resumes only on as many ranks") << "rank " << r;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 3),
+                         [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);  // the ranks are threads already
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
