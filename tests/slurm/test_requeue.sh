@@ -54,10 +54,27 @@ mkdir -p "$work/ddprun/out"
 requeues=$(count_lines "$OUT" "^ex01: requeuing job $JOB \\(restart [0-9]+\\)")
 say "the job was requeued $requeues time(s)"
 
+# A warning may also reach the last run after its last step, while it evaluates and saves the
+# final model: that run finishes, and rightly neither stops nor requeues. Slurm checks time
+# limits every 30 s or so, so whether that happens depends on the timing; both are correct.
+WARNING='^ex01: SIGUSR1 \(the time limit is near\): the training saves a checkpoint and stops$'
+warnings_match_requeues() {
+  local warnings late
+  warnings=$(count_lines "$OUT" "$WARNING")
+  [ "$warnings" -eq "$requeues" ] && return 0
+  # The one extra warning: after the last run's start, and no "stopping after" line after it.
+  late=$(re=$WARNING awk '/^ex01: job [0-9]+ on / { w = 0 } $0 ~ ENVIRON["re"] { w = 1 }
+                          /^stopping after step / { w = 0 } END { print w + 0 }' "$OUT")
+  [ "$warnings" -eq $((requeues + 1)) ] && [ "$late" = 1 ] && return 0
+  say "  $warnings warning line(s) for $requeues requeue(s) (one more is allowed only in the" \
+    "last run, after its last step)"
+  return 1
+}
+
 warned_and_requeued() {
   local ok=0
   [ "$requeues" -ge 1 ] || { say "  the job never requeued itself"; ok=1; }
-  expect_count "$requeues" '^ex01: SIGUSR1 \(the time limit is near\): the training saves a checkpoint and stops$' || ok=1
+  warnings_match_requeues || ok=1
   expect_count "$requeues" '^stopping after step [0-9]+: checkpoint .* written; run the same command again to continue$' || ok=1
   return "$ok"
 }
