@@ -64,12 +64,16 @@ def run_once(bin_dir, trainer, ranks, run_dir, table, args, env):
         return list(csv.DictReader(f))[-1]
 
 
+def split_trainer_args(argv):
+    """(our arguments, the trainer's): everything after a "--" goes to the trainer."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv):
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, trainer_args = argv[:cut], argv[cut + 1:]
-    else:
-        trainer_args = []
+    argv, trainer_args = split_trainer_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True, help="the build's bin/ folder (ddprun, the trainer)")
     p.add_argument("--data", required=True, help="the CIFAR-10 folder (data_batch_*.bin)")

@@ -33,15 +33,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "common", "tools"))
-from scaling_study import run_once  # noqa: E402
+from scaling_study import run_once, split_trainer_args  # noqa: E402
 
 
 def main(argv):
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, trainer_args = argv[:cut], argv[cut + 1:]
-    else:
-        trainer_args = []
+    argv, trainer_args = split_trainer_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True)
     p.add_argument("--data", required=True)
