@@ -8,6 +8,40 @@
 #include "kit/model_trace.h"  // record_model_to(), record_training_forward(): for the checker
 
 namespace kit {
+namespace {
+
+// One post-norm ReLU encoder layer: what TransformerEncoderLayerImpl::forward computes, op for op
+// (the same numbers, the same random numbers drawn in the same order), without two costs of the
+// C++ frontend that Python's layer does not pay:
+//  - the frontend's layer asks its attention for the weights averaged over the heads and throws
+//    them away: one more pass over [batch x heads, seq, seq] per layer, every step;
+//  - the frontend's attention compares query, key and value element by element (torch::equal) to
+//    find out that this is self-attention; here that is known.
+torch::Tensor encoder_layer(torch::nn::TransformerEncoderLayerImpl& layer, const torch::Tensor& x,
+                            const torch::Tensor& causal) {
+  namespace F = torch::nn::functional;
+  TORCH_CHECK(std::holds_alternative<torch::enumtype::kReLU>(layer.options.activation()),
+              "TransformerLM: the encoder layers use ReLU");
+  auto& attn = *layer.self_attn;
+  const int64_t seq = x.size(0), batch = x.size(1), d = x.size(2);
+  const int64_t heads = attn.options.num_heads(), head_dim = d / heads;
+  // [seq, batch, d] -> [batch x heads, seq, head_dim]
+  auto per_head = [&](const torch::Tensor& t) {
+    return t.contiguous().view({seq, batch * heads, head_dim}).transpose(0, 1);
+  };
+  auto qkv = F::linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, /*dim=*/-1);
+  auto q = qkv[0] * (1 / std::sqrt(head_dim));
+  auto scores = torch::bmm(per_head(q), per_head(qkv[1]).transpose(1, 2));
+  scores += causal.unsqueeze(0);
+  auto weights = F::dropout(F::softmax(scores, /*dim=*/-1),
+                            F::DropoutFuncOptions().p(attn.options.dropout()).training(attn.is_training()));
+  auto mixed = torch::bmm(weights, per_head(qkv[2])).transpose(0, 1).contiguous().view({seq, batch, d});
+  auto attended = F::linear(mixed, attn.out_proj->weight, attn.out_proj->bias);
+  auto h = layer.norm1(x + layer.dropout1(attended));
+  return layer.norm2(h + layer.dropout2(layer.linear2(layer.dropout(F::relu(layer.linear1(h))))));
+}
+
+}  // namespace
 
 TransformerLMOptions TransformerLMOptions::from(const TrainArgs& args, int64_t vocab_size) {
   TransformerLMOptions o;
@@ -68,7 +102,8 @@ std::vector<TransformerLMImpl::Unit> TransformerLMImpl::units() {
     auto x = embed_(tokens) * std::sqrt(static_cast<double>(options_.d_model));
     return dropout_(x + positions_.narrow(0, 0, seq).unsqueeze(0)).transpose(0, 1);
   }});
-  // The encoder's layers one by one, as TransformerEncoder::forward runs them (no final norm).
+  // The encoder's layers one by one, as TransformerEncoder::forward runs them (no final norm),
+  // each through encoder_layer() above rather than the layer's own forward().
   TORCH_CHECK(encoder_->norm.is_empty(), "TransformerLM::units: the encoder has a final norm");
   for (size_t i = 0; i < encoder_->layers->size(); ++i) {
     auto layer = encoder_->layers->ptr<torch::nn::TransformerEncoderLayerImpl>(i);
@@ -76,7 +111,7 @@ std::vector<TransformerLMImpl::Unit> TransformerLMImpl::units() {
       const int64_t seq = x.size(0);
       auto causal = torch::triu(
           torch::full({seq, seq}, -std::numeric_limits<float>::infinity(), x.options()), 1);
-      return layer->forward(x, causal);
+      return encoder_layer(*layer, x, causal);
     }});
   }
   out.push_back({head_.ptr(), [this](const torch::Tensor& x) { return head_(x.transpose(0, 1)); }});

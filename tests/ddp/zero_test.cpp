@@ -129,6 +129,50 @@ TEST(Zero3Dropout, RecomputationDrawsTheForwardsMasks) {
         << "step " << k + 1;
 }
 
+// TransformerLM's units run each encoder layer through kit's own copy of the layer's forward
+// (transformer_lm.cpp: it skips the attention weights the C++ frontend's layer computes and drops).
+// It must compute exactly what the frontend's TransformerEncoderLayer::forward computes: the same
+// output and the same gradients, bit for bit, with dropout on (the same masks, drawn in the same
+// order from the same seed).
+TEST(TransformerLMUnits, EachLayerIsTheFrontendsLayerBitForBit) {
+  auto o = kit_test::tiny_lm(61, 12);
+  o.dropout = 0.3;
+  torch::manual_seed(5);
+  kit::TransformerLM model(o);
+  model->train();
+  auto units = model->units();
+  auto x = torch::randn({12, 3, o.d_model});
+  for (size_t u = 1; u + 1 < units.size(); ++u) {  // the encoder layers: between embedding and head
+    auto layer = std::dynamic_pointer_cast<torch::nn::TransformerEncoderLayerImpl>(units[u].module);
+    ASSERT_TRUE(layer) << "unit " << u << " is not an encoder layer";
+    auto run = [&](bool frontend, uint64_t seed = 11) {
+      model->zero_grad();
+      auto in = x.clone().requires_grad_(true);
+      torch::manual_seed(seed);
+      torch::Tensor out;
+      if (frontend) {
+        auto causal = torch::triu(torch::full({12, 12}, -std::numeric_limits<float>::infinity()), 1);
+        out = layer->forward(in, causal);
+      } else {
+        out = units[u].run(in);
+      }
+      (out * torch::linspace(-1, 1, out.numel()).view(out.sizes())).sum().backward();
+      std::vector<torch::Tensor> grads{in.grad().clone()};
+      for (auto& p : layer->parameters()) grads.push_back(p.grad().clone());
+      return std::make_pair(out.detach(), grads);
+    };
+    const auto [ours, our_grads] = run(false);
+    const auto [theirs, their_grads] = run(true);
+    EXPECT_TRUE(torch::equal(ours, theirs)) << "layer " << u << ": outputs differ";
+    ASSERT_EQ(our_grads.size(), their_grads.size());
+    for (size_t k = 0; k < our_grads.size(); ++k)
+      EXPECT_TRUE(torch::equal(our_grads[k], their_grads[k]))
+          << "layer " << u << ": gradient " << k << " differs (0: the input's)";
+    // The masks matter: with another seed the same layer gives another output.
+    EXPECT_FALSE(torch::equal(ours, run(false, 12).first)) << "layer " << u << ": dropout inactive?";
+  }
+}
+
 // Bad input: one line each.
 TEST(ZeroBadInput, StageOutOfRange) {
   EXPECT_EQ(kit::check_zero_stage(3), 3);
