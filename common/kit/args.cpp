@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace kit {
 
@@ -35,7 +36,17 @@ double flag_real(const std::string& flag, const std::string& v, double lo, doubl
   return x;
 }
 
-std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent) {
+namespace {
+// The flags take_flag() took out of argv, for parse_flags()' --help: {name, help}.
+std::vector<std::pair<std::string, std::string>>& taken_flags() {
+  static std::vector<std::pair<std::string, std::string>> flags;
+  return flags;
+}
+}  // namespace
+
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent,
+                      const std::string& help) {
+  taken_flags().emplace_back(name, help);
   const std::string with_value = name + "=";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -62,6 +73,7 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
     if (arg == "--help" || arg == "-h") {
       std::printf("usage: %s [flags]\n", argv[0]);
       for (const Flag& f : flags) std::printf("  %-18s %s\n", f.name.c_str(), f.help.c_str());
+      for (const auto& [name, help] : taken_flags()) std::printf("  %-18s %s\n", name.c_str(), help.c_str());
       std::exit(0);
     }
     std::string value;

@@ -53,7 +53,9 @@ double flag_real(const std::string& flag, const std::string& value, double lo, d
 
 // For a program that adds one flag of its own to parse_args()'s (exercise 03's --zero-stage):
 // removes --name value or --name=value from argv and returns the value, `absent` when the flag
-// is not there. Call it before parse_args(), which refuses flags it does not know.
-std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent);
+// is not there. Call it before parse_args(), which refuses flags it does not know, and which
+// lists the flag with its `help` line on --help, after its own.
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& absent,
+                      const std::string& help);
 
 }  // namespace kit

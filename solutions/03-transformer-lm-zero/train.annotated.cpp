@@ -131,7 +131,9 @@ int64_t numel_of(const std::vector<torch::Tensor>& params) {
 int main(int argc, char** argv) {
   // --zero-stage is this exercise's own flag: taken out before exercise 01's flags are parsed.
   const int zero_stage = static_cast<int>(
-      kit::flag_int("--zero-stage", kit::take_flag(argc, argv, "--zero-stage", "0"), 0, 3));
+      kit::flag_int("--zero-stage", kit::take_flag(argc, argv, "--zero-stage", "0",
+                                                   "0: DDP; 1, 2, 3: the ZeRO stage (default 0)"),
+                    0, 3));
   kit::TrainArgs args = kit::parse_args(argc, argv);
   // Stages whose TODO is missing stop here, before anything else: their TODO is named.
   //@ todo 3

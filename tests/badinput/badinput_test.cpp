@@ -262,6 +262,17 @@ TEST(BadInput, ZeroStageOutOfRange) {
   EXPECT_EQ(r.exit_code, 2) << r;
 }
 
+// Not bad input, but its other side: a flag the trainer refuses must be one --help lists.
+// Exercise 03's --zero-stage is taken out of argv before exercise 01's flags are parsed.
+TEST(BadInput, HelpListsTheZeroStage) {
+  TempDir tmp;
+  Process p(trainer({"--help"}, false, ZERO_TRAINER_EXE), clean_env({}), tmp.path, "t");
+  Result r = p.wait(20);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("--epochs"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("--zero-stage"), std::string::npos) << r;
+}
+
 TEST(BadInput, UnknownFlag) {
   TempDir tmp;
   Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--nope"}), clean_env({}), tmp.path, "t");
