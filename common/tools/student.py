@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -399,6 +400,11 @@ def main(argv):
     fn, lo, hi = table[cmd]
     if not lo <= len(args) <= hi:
         raise Refused(f"{cmd}: wrong number of arguments (./kit --help)")
+    if cmd in ("list", "hint", "diff", "backups"):
+        # Commands that only print: `./kit list | head` ends them quietly, as it would any Unix
+        # tool, instead of a BrokenPipeError. Commands that write files keep Python's handling,
+        # so that a closed pipe cannot stop them half-way without a word.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     fn(*args)
     return 0
 

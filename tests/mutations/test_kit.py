@@ -121,6 +121,20 @@ def test_refusals(repo):
                                                 "restore", "backups")), "--help names every command")
 
 
+def test_closed_pipe(repo):
+    """`./kit list | head -1` once head has gone: kit's output goes to a pipe that nobody reads.
+    kit must end without a Python traceback (a command that only prints dies of SIGPIPE, as any
+    Unix tool would). The pipe is closed before kit starts, so that its very first write fails."""
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([os.path.join(repo.dir, "kit"), "list"], cwd=repo.dir, env=repo.env,
+                       stdout=w, stderr=subprocess.PIPE, timeout=60)
+    os.close(w)
+    err = p.stderr.decode()
+    expect(p.returncode != 0 and "Traceback" not in err and "BrokenPipe" not in err,
+           f"kit list into a closed pipe: no traceback (exit {p.returncode}, stderr: {err.strip()[-300:]!r})")
+
+
 def test_round_trip(repo):
     shipped = repo.snapshot()
     expect(shipped == {rel: (repo.stage(0)[rel], shipped[rel][1]) for rel in repo.files},
@@ -380,6 +394,7 @@ def main(argv):
     test_refusals(repo)
     test_round_trip(repo)
     test_list_methods(repo)
+    test_closed_pipe(repo)
     test_check_does_not_compile(repo, os.path.abspath(a.work))
     test_diff_solution(repo)
     test_watch(repo, os.path.abspath(a.work))
