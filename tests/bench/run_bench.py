@@ -64,6 +64,20 @@ def loadavg():
         return float("nan")
 
 
+# Issue 14's goal for the step time: the kit's at most this fraction of PyTorch's.
+GOAL = 0.95
+
+
+def goal_verdict(values, limit, repeats):
+    """Whether per-repeat values stay at or below limit: in every repeat, by the median only, or not."""
+    met = sum(1 for v in values if v <= limit)
+    if met == len(values):
+        return "met in every repeat (%d of %d)" % (met, repeats)
+    if statistics.median(values) <= limit:
+        return "met by the median only (%d of %d repeats)" % (met, repeats)
+    return "not met (%d of %d repeats)" % (met, repeats)
+
+
 def parse_bench(output):
     lines = [l for l in output.splitlines() if l.startswith("BENCH ")]
     if len(lines) != 1:
@@ -266,6 +280,16 @@ def main():
         if not overheads_clear:
             print("  C++ / PyTorch DDP overhead: no ratio (an overhead was 0 or less in a repeat: "
                   "within the noise of the floor)")
+        # Issue 14's goals, judged repeat by repeat: the kit's step at most GOAL x PyTorch's, and
+        # its DDP overhead at most PyTorch's.
+        for what, v in ratios[:2]:
+            print("  goal: C++ %-22s <= %.2f x PyTorch's: %s"
+                  % (what, GOAL, goal_verdict(v, GOAL, args.repeats)))
+        print("  goal: C++ DDP overhead (overlap) <= PyTorch's: %s (difference C++ - PyTorch: "
+              "median %+.1f ms, range %s)"
+              % (goal_verdict([c - p for c, p in zip(over_cpp, over_py)], 0, args.repeats),
+                 statistics.median([c - p for c, p in zip(over_cpp, over_py)]),
+                 spread([c - p for c, p in zip(over_cpp, over_py)], "%+.1f")))
         print()
     if args.device == "cpu":
         print("wait ms: C++ DDPStats wait after backward; Python: tail ms (torch DDP has no such counter).")
