@@ -2,6 +2,8 @@
 #include "kit/transformer_lm.h"
 
 #include <cmath>
+#include <limits>
+#include <variant>
 
 #include <torch/torch.h>
 

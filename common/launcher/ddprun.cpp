@@ -51,6 +51,9 @@ constexpr int kExitRankFailed = 1;   // the first failing rank exited with a non
 
 constexpr int kMaxRanks = 1024;      // each rank costs 3 file descriptors here
 constexpr size_t kMaxLine = 64 * 1024;  // longer "lines" are forwarded in pieces
+// How long ddprun waits, after a rank failed with an exit code, for a rank killed by a signal to
+// show up before it names the culprit (see check_children).
+constexpr double kSettleSeconds = 0.5;
 
 const char* const kUsage =
     "usage: ddprun [options] [--] program [args...]\n"
@@ -450,6 +453,7 @@ class Launcher {
   void drain(Rank& r);
   void emit_line(Rank& r, Stream& s, const char* data, size_t size, bool add_newline);
   void check_children();
+  void give_verdict();
   void begin_stop(int first_signal);
   int signal_running(int sig);
   int count_running() const;
@@ -466,6 +470,8 @@ class Launcher {
   bool stopping_ = false;     // tearing the job down (a rank failed, or SIGINT/SIGTERM)
   bool killed_ = false;       // SIGKILL already sent
   double kill_deadline_ = 0;  // when SIGTERM turns into SIGKILL
+  std::vector<Rank*> failed_;  // ranks found failed, before the verdict (in the order found)
+  double verdict_at_ = 0;      // the latest time for the verdict, once a rank failed (0: none)
   int exit_status_ = 0;
 };
 
@@ -732,7 +738,6 @@ void Launcher::drain(Rank& r) {
 // ddprun is done. That keeps its pid -- which is also its process group id -- reserved, so a
 // later kill(-pgid) can never hit an unrelated process that happened to get the recycled number.
 void Launcher::check_children() {
-  std::vector<Rank*> failed;  // the ranks found dead in this sweep, with an error
   for (auto& r : ranks_) {
     if (r.exited) continue;
     siginfo_t info{};
@@ -746,18 +751,30 @@ void Launcher::check_children() {
       r.exit_signal = info.si_status;  // CLD_KILLED or CLD_DUMPED
     }
     drain(r);
-    if (r.exit_code != 0 || r.exit_signal != 0) failed.push_back(&r);
+    if ((r.exit_code != 0 || r.exit_signal != 0) && !stopping_) failed_.push_back(&r);
   }
-  if (failed.empty() || stopping_) return;  // all well, or ranks we are stopping anyway
+  if (failed_.empty() || stopping_) return;  // all well, or ranks we are stopping anyway
 
-  // The first failure: say which rank and how, in one line, then stop everybody else.
-  // Their collectives cannot finish without this rank; left alone they would hang until
-  // the rendezvous timeout (30 minutes by default).
-  // Several ranks may be found dead in one sweep: a rank killed by a signal (the OOM killer, a
-  // segfault) makes its peers' collectives fail within milliseconds, and they exit with an
-  // error of their own. The signal is the cause, so it is named, whatever the rank numbers.
-  std::stable_partition(failed.begin(), failed.end(), [](const Rank* x) { return x->exit_signal != 0; });
-  Rank& r = *failed.front();
+  // Who is to blame? A rank killed by a signal (the OOM killer, a segfault, scancel) makes its
+  // peers' collectives fail within milliseconds, and they exit with an error of their own. On a
+  // busy machine one of them may even be seen gone first: the killed rank's sockets close before
+  // the kernel reports its death. So a failure by exit code alone waits up to kSettleSeconds for
+  // a death by signal among the others; the signal is the cause and is named.
+  const bool signalled = std::any_of(failed_.begin(), failed_.end(),
+                                     [](const Rank* x) { return x->exit_signal != 0; });
+  if (!signalled && count_running() > 0) {
+    if (verdict_at_ == 0) verdict_at_ = now_seconds() + kSettleSeconds;
+    if (now_seconds() < verdict_at_) return;
+  }
+  give_verdict();
+}
+
+// The first failure: say which rank and how, in one line, then stop everybody else. Their
+// collectives cannot finish without this rank; left alone they would hang until the rendezvous
+// timeout (30 minutes by default).
+void Launcher::give_verdict() {
+  std::stable_partition(failed_.begin(), failed_.end(), [](const Rank* x) { return x->exit_signal != 0; });
+  Rank& r = *failed_.front();
   std::string how = r.exit_signal != 0 ? "killed by signal " + std::to_string(r.exit_signal) +
                                              " (" + signal_name(r.exit_signal) + ")"
                                        : "exited with code " + std::to_string(r.exit_code);
@@ -768,6 +785,7 @@ void Launcher::check_children() {
   std::fprintf(stderr, "ddprun: rank %d (pid %d) died: %s; %s\n", r.rank,
                static_cast<int>(r.pid), how.c_str(), next.c_str());
   exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;
+  failed_.clear();
   begin_stop(SIGTERM);
 }
 
@@ -802,6 +820,10 @@ void Launcher::loop() {
     int timeout_ms = 1000;
     if (stopping_ && !killed_) {
       double left = kill_deadline_ - now_seconds();
+      timeout_ms = std::max(0, std::min(timeout_ms, static_cast<int>(std::ceil(left * 1000))));
+    }
+    if (!stopping_ && !failed_.empty()) {  // a verdict is due by verdict_at_
+      double left = verdict_at_ - now_seconds();
       timeout_ms = std::max(0, std::min(timeout_ms, static_cast<int>(std::ceil(left * 1000))));
     }
     int ready = ::poll(fds.data(), fds.size(), timeout_ms);

@@ -520,6 +520,31 @@ TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenItsPeersDieInTheSameInstant) {
   EXPECT_TRUE(all_gone(pids, 3));
 }
 
+TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenAPeersErrorIsSeenFirst) {
+  // The same, on a busy machine: the killed rank's sockets close before the kernel reports its
+  // death, so a peer's error exit can be seen first. Here rank 0 exits with code 1, and rank 3 is
+  // SIGKILLed 50 ms after ddprun could see that: ddprun waits for such a death before it names
+  // the culprit, and names rank 3.
+  Launch l(dir_, {"--nproc-per-node", "4", "--grace", "2", kProbe, "rank", "0", "exit-on", "10",
+                  "1", "pidfile", dir_, "await-pidfiles", dir_, "4", "sleep", "30"});
+  ASSERT_TRUE(wait_for_pidfiles(4)) << l.err_so_far();
+  auto pids = rank_pids(4);
+  ::kill(pids[0], SIGUSR1);
+  const bool gone = wait_until([&] { return ::kill(pids[0], 0) != 0 ||
+                                            read_file("/proc/" + std::to_string(pids[0]) + "/stat")
+                                                .find(") Z") != std::string::npos; }, 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ::kill(pids[3], SIGKILL);
+  ASSERT_TRUE(gone) << "rank 0 did not end";
+  Result r = l.wait();
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(IsOneDdprunLine(r.err)) << r.err;
+  EXPECT_NE(r.err.find("rank 3 (pid " + std::to_string(pids[3]) + ") died: killed by signal 9"),
+            std::string::npos) << r.err;
+  EXPECT_TRUE(all_gone(pids, 3));
+}
+
 TEST_F(Ddprun, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   // Rank 0 ignores SIGTERM (a trainer stuck in a collective behaves much the same).
   Result r = run({"--nproc-per-node", "2", "--grace", "1", kProbe, "pidfile", dir_,
