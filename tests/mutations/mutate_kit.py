@@ -71,8 +71,9 @@ BUGS = [
      ["badinput"], "ranks that disagree on WORLD_SIZE are not refused"),
     ("ddprun-keeps-others", "common/launcher/ddprun.cpp",
      "  exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;\n"
-     "  begin_stop(SIGTERM);\n}",
-     "  exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;\n}",
+     "  failed_.clear();\n  begin_stop(SIGTERM);\n}",
+     "  exit_status_ = r.exit_signal != 0 ? 128 + r.exit_signal : kExitRankFailed;\n"
+     "  failed_.clear();\n}",
      ["launcher", "faults", "badinput"], "ddprun does not stop the other ranks when one dies"),
 ]
 
