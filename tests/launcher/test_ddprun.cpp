@@ -491,6 +491,25 @@ TEST_F(Ddprun, RankExitingWithCode3StopsTheWholeJob) {
   EXPECT_TRUE(all_gone(pids, 3));
 }
 
+// A rank that has ended and that ddprun has not reaped yet (it reaps only at the very end).
+bool is_zombie(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
+}
+
+// The verdict of the two tests below: rank 3, SIGKILLed while rank 0 exited with code 1, is the
+// rank ddprun names, in its one line, and the job is gone.
+void ExpectRank3NamedAsKilled(Launch& l, const std::vector<pid_t>& pids) {
+  Result r = l.wait();
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(IsOneDdprunLine(r.err)) << r.err;
+  EXPECT_NE(r.err.find("rank 3 (pid " + std::to_string(pids[3]) + ") died: killed by signal 9"),
+            std::string::npos) << r.err;
+  EXPECT_TRUE(all_gone(pids, 3));
+}
+
 TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenItsPeersDieInTheSameInstant) {
   // Rank 3 is SIGKILLed and rank 0's collective fails at once (exit 1). When ddprun notices both
   // in the same look -- on a loaded machine it often does -- the signal is the cause, and the
@@ -503,21 +522,10 @@ TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenItsPeersDieInTheSameInstant) {
   ASSERT_EQ(::kill(l.pid(), SIGSTOP), 0);
   ::kill(pids[3], SIGKILL);
   ::kill(pids[0], SIGUSR1);
-  auto zombie = [](pid_t pid) {
-    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    size_t paren = stat.rfind(')');
-    return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
-  };
-  bool both = wait_until([&] { return zombie(pids[0]) && zombie(pids[3]); }, 5);
+  bool both = wait_until([&] { return is_zombie(pids[0]) && is_zombie(pids[3]); }, 5);
   ::kill(l.pid(), SIGCONT);
   ASSERT_TRUE(both) << "ranks 0 and 3 did not both end";
-  Result r = l.wait();
-  ASSERT_FALSE(r.timed_out) << r.err;
-  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
-  EXPECT_TRUE(IsOneDdprunLine(r.err)) << r.err;
-  EXPECT_NE(r.err.find("rank 3 (pid " + std::to_string(pids[3]) + ") died: killed by signal 9"),
-            std::string::npos) << r.err;
-  EXPECT_TRUE(all_gone(pids, 3));
+  ExpectRank3NamedAsKilled(l, pids);
 }
 
 TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenAPeersErrorIsSeenFirst) {
@@ -530,19 +538,11 @@ TEST_F(Ddprun, TheRankKilledBySignalIsNamedWhenAPeersErrorIsSeenFirst) {
   ASSERT_TRUE(wait_for_pidfiles(4)) << l.err_so_far();
   auto pids = rank_pids(4);
   ::kill(pids[0], SIGUSR1);
-  const bool gone = wait_until([&] { return ::kill(pids[0], 0) != 0 ||
-                                            read_file("/proc/" + std::to_string(pids[0]) + "/stat")
-                                                .find(") Z") != std::string::npos; }, 5);
+  const bool gone = wait_until([&] { return is_zombie(pids[0]); }, 5);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ::kill(pids[3], SIGKILL);
   ASSERT_TRUE(gone) << "rank 0 did not end";
-  Result r = l.wait();
-  ASSERT_FALSE(r.timed_out) << r.err;
-  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
-  EXPECT_TRUE(IsOneDdprunLine(r.err)) << r.err;
-  EXPECT_NE(r.err.find("rank 3 (pid " + std::to_string(pids[3]) + ") died: killed by signal 9"),
-            std::string::npos) << r.err;
-  EXPECT_TRUE(all_gone(pids, 3));
+  ExpectRank3NamedAsKilled(l, pids);
 }
 
 TEST_F(Ddprun, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
