@@ -2,6 +2,7 @@
 course's style (images/style.py). Python standard library only. Used by
 slides/tools/plot_metrics.py and every other tool that draws a plot; add what a new plot needs
 here rather than beside it."""
+import argparse
 import math
 import os
 import sys
@@ -103,3 +104,26 @@ def write_outputs(outputs, out_dir, check, prog):
                          "now (run it without --check to rewrite them)\n")
         return 1
     return 0
+
+
+def tool_main(argv, prog, description, inputs, render, label_help=None):
+    """The command line every plot tool has: --out DIR, --check, --label TEXT when label_help is
+    given, then its inputs (inputs: add_argument's arguments for them, e.g. ("csv",) or
+    ("runs", {"nargs": "+"})). render(args) reads the inputs and returns {file name: text}; a
+    file it cannot read or make sense of (OSError, ValueError, KeyError) is one line on stderr
+    and exit status 1. Returns the exit status."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--out", required=True, help="the folder the plots go into")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if a file in --out differs from a fresh plot")
+    if label_help:
+        p.add_argument("--label", default="", help=label_help)
+    name, options = (inputs[0], inputs[1] if len(inputs) > 1 else {})
+    p.add_argument(name, **options)
+    a = p.parse_args(argv[1:])
+    try:
+        outputs = render(a)
+    except (OSError, ValueError, KeyError) as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return 1
+    return write_outputs(outputs, a.out, a.check, prog)

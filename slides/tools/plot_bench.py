@@ -12,14 +12,13 @@ whisker is the range of the step time over the repeats. The number in the bar is
 over PyTorch DDP's median step (a ratio of medians: the driver's ratios, medians of per-repeat
 ratios, can differ by a point or two). The dashed line is issue 14's goal, 0.95.
 """
-import argparse
 import os
 import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes, write_outputs  # noqa: E402
+from plot import Axes, tool_main  # noqa: E402
 from style import COLORS, INK, LIGHT, MUTED  # noqa: E402
 
 GOAL = 0.95
@@ -89,19 +88,12 @@ def plot(rows, batches, label):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description="DDP benchmark output -> step time plot")
-    p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--label", default="", help="the machine, for the title")
-    p.add_argument("output", help="run_bench.py's output, as kept in slides/results/bench/")
-    a = p.parse_args(argv[1:])
-    try:
+    def render(a):
         rows, batches = read(a.output)
-        svg = plot(rows, batches, a.label)
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"plot_bench.py: {e}\n")
-        return 1
-    return write_outputs({"bench-ddp.svg": svg}, a.out, a.check, "plot_bench.py")
+        return {"bench-ddp.svg": plot(rows, batches, a.label)}
+    return tool_main(argv, "plot_bench.py", "DDP benchmark output -> step time plot",
+                     ("output", {"help": "run_bench.py's output, as kept in slides/results/bench/"}),
+                     render, label_help="the machine, for the title")
 
 
 if __name__ == "__main__":

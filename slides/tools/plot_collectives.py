@@ -20,7 +20,6 @@ byte of message. busbw = f * S / t approaches beta for large messages and falls 
 dominates, below about alpha * beta / f bytes. The fit minimises the relative error of t over
 all sizes, so small messages weigh as much as large ones.
 """
-import argparse
 import csv
 import math
 import os
@@ -28,7 +27,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes, fmt_bytes, write_outputs  # noqa: E402
+from plot import Axes, fmt_bytes, tool_main  # noqa: E402
 from style import COLORS  # noqa: E402
 
 FIELDS = ["collective", "bytes", "elements", "ranks", "backend", "device", "iterations",
@@ -126,27 +125,18 @@ def table(series, ranks, backend, label, fitted):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description="bench_collectives CSV -> busbw plot with the alpha-beta fit")
-    p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--label", default="", help="the machine, for the title (e.g. '2-core VM, 2026-11-24')")
-    p.add_argument("csv")
-    a = p.parse_args(argv[1:])
-    try:
+    def render(a):
         series, ranks, backend = read(a.csv)
-    except (OSError, ValueError, KeyError) as e:
-        sys.stderr.write(f"plot_collectives.py: {e}\n")
-        return 1
-    if ranks < 2:
-        sys.stderr.write("plot_collectives.py: a run of one rank moves no bytes: run on 2 or more\n")
-        return 1
-    fitted = fits(series, ranks)
-    for n in [n for n in ORDER if n in series]:
-        alpha, beta = fitted[n]
-        print(f"{n}: alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
-    return write_outputs({"collectives-busbw.svg": plot(series, ranks, backend, a.label, fitted),
-                          "collectives-fit.md": table(series, ranks, backend, a.label, fitted)},
-                         a.out, a.check, "plot_collectives.py")
+        if ranks < 2:
+            raise ValueError("a run of one rank moves no bytes: run on 2 or more")
+        fitted = fits(series, ranks)
+        for n in [n for n in ORDER if n in series]:
+            alpha, beta = fitted[n]
+            print(f"{n}: alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
+        return {"collectives-busbw.svg": plot(series, ranks, backend, a.label, fitted),
+                "collectives-fit.md": table(series, ranks, backend, a.label, fitted)}
+    return tool_main(argv, "plot_collectives.py", "bench_collectives CSV -> busbw plot with the alpha-beta fit",
+                     ("csv",), render, label_help="the machine, for the title (e.g. '2-core VM, 2026-11-24')")
 
 
 if __name__ == "__main__":

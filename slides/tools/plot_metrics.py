@@ -17,7 +17,6 @@ Writes into DIR:
   epoch-time.svg       training time per epoch against ranks, with perfect scaling
   summary.md           the numbers behind the plots, as a Markdown table
 """
-import argparse
 import csv
 import os
 import statistics
@@ -25,7 +24,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes, write_outputs  # noqa: E402
+from plot import Axes, tool_main  # noqa: E402
 from style import COLORS, INK, MUTED  # noqa: E402
 
 FIELDS = ["step", "epoch", "loss", "samples_per_s", "ranks", "elapsed_s"]
@@ -162,20 +161,12 @@ def render_all(runs):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description="metrics.csv files -> SVG plots")
-    p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("runs", nargs="+")
-    a = p.parse_args(argv[1:])
-    try:
+    def render(a):
         runs = [Run(os.path.join(r, "metrics.csv") if os.path.isdir(r) else r) for r in a.runs]
-    except (OSError, ValueError, KeyError) as e:
-        sys.stderr.write(f"plot_metrics.py: {e}\n")
-        return 1
-    if len({r.ranks for r in runs}) != len(runs):
-        sys.stderr.write("plot_metrics.py: give one run per number of ranks\n")
-        return 1
-    return write_outputs(render_all(runs), a.out, a.check, "plot_metrics.py")
+        if len({r.ranks for r in runs}) != len(runs):
+            raise ValueError("give one run per number of ranks")
+        return render_all(runs)
+    return tool_main(argv, "plot_metrics.py", "metrics.csv files -> SVG plots", ("runs", {"nargs": "+"}), render)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ thing for both series: for strong scaling (fixed global batch) the time per epoc
 same factor; for weak scaling (fixed batch per rank) it is Gustafson's scaled speed-up, the work
 per second of N ranks against one.
 """
-import argparse
 import csv
 import math
 import os
@@ -37,7 +36,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes, write_outputs  # noqa: E402
+from plot import Axes, tool_main  # noqa: E402
 from style import COLORS, INK, MUTED  # noqa: E402
 
 FIELDS = ["label", "world_size", "nodes", "batch_per_rank", "global_batch", "accum_steps",
@@ -161,18 +160,9 @@ def render_all(series, label):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description="scaling-study CSV -> SVG plots")
-    p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--label", default="", help="the machine and date, for the titles")
-    p.add_argument("csv", nargs="+")
-    a = p.parse_args(argv[1:])
-    try:
-        series = read(a.csv)
-    except (OSError, ValueError, KeyError) as e:
-        sys.stderr.write(f"plot_scaling.py: {e}\n")
-        return 1
-    return write_outputs(render_all(series, a.label), a.out, a.check, "plot_scaling.py")
+    return tool_main(argv, "plot_scaling.py", "scaling-study CSV -> SVG plots", ("csv", {"nargs": "+"}),
+                     lambda a: render_all(read(a.csv), a.label),
+                     label_help="the machine and date, for the titles")
 
 
 if __name__ == "__main__":

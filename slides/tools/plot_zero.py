@@ -10,14 +10,13 @@ deck. Python standard library only.
   plot_zero.py --check --out DIR [--label TEXT] CSV
                                                exit 1 if the files in DIR differ from a fresh plot
 """
-import argparse
 import csv
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "images"))
-from plot import Axes, write_outputs  # noqa: E402
+from plot import Axes, tool_main  # noqa: E402
 from style import COLORS, INK, MUTED  # noqa: E402
 
 STAGES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
@@ -91,19 +90,11 @@ def comm(rows, label):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description="zero_report CSV -> memory and communication plots")
-    p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--label", default="", help="the machine, for the titles")
-    p.add_argument("csv")
-    a = p.parse_args(argv[1:])
-    try:
+    def render(a):
         rows = read(a.csv)
-    except (OSError, ValueError, KeyError) as e:
-        sys.stderr.write(f"plot_zero.py: {e}\n")
-        return 1
-    return write_outputs({"zero-memory.svg": memory(rows, a.label), "zero-comm.svg": comm(rows, a.label)},
-                         a.out, a.check, "plot_zero.py")
+        return {"zero-memory.svg": memory(rows, a.label), "zero-comm.svg": comm(rows, a.label)}
+    return tool_main(argv, "plot_zero.py", "zero_report CSV -> memory and communication plots",
+                     ("csv",), render, label_help="the machine, for the titles")
 
 
 if __name__ == "__main__":
