@@ -18,14 +18,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "common", "tools"))
+from scaling_study import split_trainer_args  # noqa: E402 (the same `--` rule as exercise 02's study)
 
 
 def main(argv):
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, trainer_args = argv[:cut], argv[cut + 1:]
-    else:
-        trainer_args = []
+    argv, trainer_args = split_trainer_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin", required=True, help="the build's bin/ folder (ddprun, ex01-solution)")
     p.add_argument("--out", required=True)
