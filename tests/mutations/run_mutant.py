@@ -99,16 +99,17 @@ def run_compile(ex, m, args):
 
 
 def main(argv):
+    if len(argv) < 3 or argv[2] not in ("check", "compile"):
+        sys.stderr.write("run_mutant.py: usage: run_mutant.py EXERCISE ID check|compile ... "
+                         "(see the top of tests/mutations/run_mutant.py)\n")
+        return 2
     ex, mid, mode, rest = argv[0], argv[1], argv[2], argv[3:]
     m = mutant(ex, mid)
     print(f"mutant {mid} ({m['kind']}): {m['what']} -> TODO {m['todo']}")
     if mode == "check":
         errors = run_check(ex, m, rest[1:] if rest[:1] == ["--"] else rest)
-    elif mode == "compile":
-        errors = run_compile(ex, m, rest)
     else:
-        sys.stderr.write(__doc__)
-        return 2
+        errors = run_compile(ex, m, rest)
     for e in errors:
         print(f"FAIL mutant {mid}: {e}")
     if not errors:

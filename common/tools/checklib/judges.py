@@ -194,7 +194,9 @@ def check_ddp(v, run, ranks):
     elif differ:
         why = f"the ranks start step {steps[0]} with the same weights but step {differ[0]} with " \
               "different ones: the gradients were not averaged"
-        if not reduced:
+        if not reduced and run.events(0, "ddp_no_sync"):
+            why += f"; every backward ran inside ddp.no_sync() (TODO {v.todo('no_sync')})"
+        elif not reduced:
             why += "; the DistributedDataParallel object did not live through the training (a " \
                    "temporary?): give it a name, so it lives until the end of main()"
         v.add("ddp", False, what, why)
@@ -455,10 +457,14 @@ def check_no_sync(v, run, ranks, accum):
         v.add("no_sync", False, what, "no training step was traced")
     elif reduced == steps:
         v.add("no_sync", True, what)
-    elif reduced == 0:
+    elif reduced == 0 and run.events(0, "ddp_no_sync"):
         v.add("no_sync", False, what, "no backward averaged the gradients: the last "
               "micro-batch's backward ran inside no_sync() too, so every rank stepped with its own "
               "gradients and the replicas drift apart; end the guard before the last backward")
+    elif reduced == 0:
+        v.add("no_sync", False, what, "no backward averaged the gradients, and none ran inside "
+              f"no_sync(): the DistributedDataParallel object of TODO {v.todo('ddp')} did not "
+              "live through the training (a temporary?)")
     elif reduced >= forwards:
         v.add("no_sync", False, what, f"every micro-batch's backward all-reduced the gradients "
               f"({reduced} all-reduces for {steps} steps): run all but the last one inside "
