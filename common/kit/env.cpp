@@ -100,6 +100,12 @@ RankEnv read_rank_env(const EnvLookup& env) {
     r.local_world_size = has(env, "LOCAL_WORLD_SIZE")
         ? parse_int("LOCAL_WORLD_SIZE", env("LOCAL_WORLD_SIZE"), 1, r.world_size)
         : (has(env, "SLURM_NTASKS_PER_NODE") ? 0 : r.world_size);
+    // Said by the launcher, so a contradiction is the launcher's mistake, not something to guess
+    // around (below, only the counts derived from Slurm's per-node list are raised).
+    if (has(env, "LOCAL_WORLD_SIZE") && r.local_rank >= r.local_world_size)
+      throw SetupError("LOCAL_RANK=" + std::to_string(r.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
+                       std::to_string(r.local_world_size) + ": the launcher's local ranks per node "
+                       "disagree");
     r.master_addr = env("MASTER_ADDR");
     r.master_port = parse_int("MASTER_PORT", env("MASTER_PORT"), 1, 65535);
   } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {

@@ -546,6 +546,12 @@ TEST(RankEnv, RankMustBeBelowWorldSize) {
   EXPECT_EQ(e.rank, 7);
 }
 
+TEST(RankEnv, LocalRankMustBeBelowAGivenLocalWorldSize) {
+  std::string msg = setup_error(with(kTorchrun, {{"LOCAL_RANK", "4"}}));  // 4 ranks on this node
+  EXPECT_NE(msg.find("LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4"), std::string::npos) << msg;
+  EXPECT_EQ(read_env(with(kTorchrun, {{"LOCAL_RANK", "3"}})).local_rank, 3);  // the last valid one
+}
+
 const Vars kSlurm = {{"SLURM_PROCID", "5"},       {"SLURM_LOCALID", "1"},
                      {"SLURM_NTASKS", "8"},       {"SLURM_NTASKS_PER_NODE", "4"},
                      {"SLURM_JOB_NODELIST", "n[01-04]"}, {"SLURM_JOB_ID", "123456"}};
