@@ -1,18 +1,21 @@
 // kit/compat.h — the only place that knows LibTorch versions and builds apart. Included by kit's
 // .cpp files only; exercises and solutions never see a version or backend difference.
 //
-// Supported: LibTorch 2.13 to 2.14 (what CI builds against; CMake refuses others, see
-// common/cmake/torch.cmake). Debian's LibTorch 1.13 is no longer supported and its branches are
-// gone. The differences handled here, each named where it is handled:
+// Supported: LibTorch 2.2 to 2.15 (common/cmake/torch.cmake; README, "Building on a cluster",
+// says which release CI compiles or runs). Releases before 2.2 do not compile. The differences
+// handled here, each named where it is handled:
 //   1. autograd nodes are held by intrusive_ptr since 2.x (std::shared_ptr before): NodePtr.
 //   2. the collectives live on c10d::Backend, not on c10d::ProcessGroup (split in 2.0): Backend.
 //   3. (none left) 1.13's Gloo had no AVG and no reduce-scatter, and the kit emulated both. In
-//      2.13 Gloo has both; its reduce-scatter is itself an emulation inside c10d (an all-reduce
+//      2.x Gloo has both; its reduce-scatter is itself an emulation inside c10d (an all-reduce
 //      of the whole buffer, of which each rank keeps its chunk: twice the traffic of NCCL's real
 //      one). The kit calls it as it is; CommStats counts the tensors handed over, not the wire.
 //   4. a CPU-only build has no ProcessGroupNCCL and no CUDA runtime: KIT_HAVE_NCCL.
-//   5. the Gloo headers are not in the pip wheel: the build takes them from Debian's
-//      libgloo-dev (common/CMakeLists.txt); only pointers to Gloo types cross into LibTorch.
+//   5. the Gloo headers are not in the pip wheel, nor in most site modules: c10d's header below
+//      parses with the kit's declarations of the few Gloo names it mentions
+//      (common/gloo-declarations/gloo/kit_declarations.h says why that is safe); only pointers
+//      to Gloo types cross into LibTorch. Since 2.14 that header also calls
+//      Context::setTimeout() inline, which the declarations cover.
 //   6. GPU memory figures and the GPU's PCI address (for NVML) exist only in a CUDA build; a
 //      CPU build answers "not known" (-1, "").
 #pragma once

@@ -24,9 +24,9 @@
 # and passed, 1 when a test or the benchmark failed, 2 when it could not build.
 #
 # Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
-# LibTorch looks for the CUDA toolkit) and nvidia-smi; no network. GoogleTest and the Gloo
-# headers (the torch wheel has Gloo inside but not its headers) come from the system or, where
-# they are missing and nothing can be installed, from Debian packages brought along:
+# LibTorch looks for the CUDA toolkit) and nvidia-smi; no network. Gloo's headers are not needed
+# (common/gloo-declarations). GoogleTest comes from the system or, where it is missing and
+# nothing can be installed, from Debian packages brought along:
 #
 #   KIT_DEBS=DIR tests/gpu/run.sh       every DIR/*.deb is unpacked (dpkg -x) into BUILD_DIR/debs,
 #                                       which goes on CMAKE_PREFIX_PATH and the include path;
@@ -35,7 +35,7 @@
 # Prepare DIR where Debian's (or Ubuntu's) package lists are reachable, e.g. on the kit's
 # development machine, and copy it to the GPU machine:
 #
-#   mkdir debs && cd debs && apt-get download libgloo-dev libgtest-dev googletest
+#   mkdir debs && cd debs && apt-get download libgtest-dev googletest
 #
 # Environment: PYTHON (python with torch; default python3), KIT_DEBS, OUT, KIT_JOBS (build jobs;
 # default: all cores), CXX (the compiler of a new build folder), BENCH_STEPS / BENCH_WARMUP /
@@ -135,8 +135,8 @@ if [ -n "${KIT_DEBS:-}" ]; then
     say "unpacked $(basename "$deb") into $debroot"
   done
   [ "$found" = 1 ] || die "KIT_DEBS=$KIT_DEBS holds no .deb files"
-  # find_package(GTest) looks under <prefix>/lib/<arch>/cmake; the headers (gtest/, gloo/) need
-  # the include path, since the kit includes them without any package's help.
+  # find_package(GTest) looks under <prefix>/lib/<arch>/cmake; its headers (gtest/) need the
+  # include path as well.
   prefixes="$prefixes;$debroot/usr"
   extra_flags=("-DCMAKE_CXX_FLAGS=-isystem $debroot/usr/include")
 fi
@@ -161,9 +161,6 @@ targets=(gpu_tests ddp_tests bench_ddp bench_collectives ex01-solution ddprun ma
 say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
   grep -m 20 -E 'error|Error' "$RESULTS/build.log" >&2 || tail -n 30 "$RESULTS/build.log" >&2
-  if grep -q "gloo/.*file not found\|gloo/.*No such file" "$RESULTS/build.log"; then
-    say "the Gloo headers are missing: bring libgloo-dev as a .deb file (KIT_DEBS=DIR, see the top of $0)" >&2
-  fi
   die "building failed (log: $RESULTS/build.log)"
 fi
 
