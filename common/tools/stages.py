@@ -47,7 +47,7 @@ import json
 import os
 import re
 import sys
-import tomllib
+import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MARK = re.compile(r"^(\s*)(//|#)@\s?(.*)$")
@@ -63,7 +63,7 @@ def load_info(ex):
         known = ", ".join(list_exercises()) or "none"
         raise AnnotationError(f"unknown exercise '{ex}' (known: {known})")
     with open(path, "rb") as f:
-        info = tomllib.load(f)
+        info = kit_toml.load(f)
     info.setdefault("name", ex)
     return info
 

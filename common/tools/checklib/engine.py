@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-import tomllib
+import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
 from . import collectives
 from .build_errors import explain_build, not_judged_note, stages_json
@@ -24,7 +24,7 @@ def load_rules(exercise):
     the programs its check needs besides ddprun (info.toml's [check] tools)."""
     info_path = os.path.join(ROOT, "exercises", exercise, "info.toml")
     with open(info_path, "rb") as f:
-        info = tomllib.load(f)
+        info = kit_toml.load(f)
     return importlib.import_module(f"rules.{info['target']}"), info.get("check", {}).get("tools", [])
 
 

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
+import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
 from .verdicts import Verdicts
 
@@ -66,7 +66,7 @@ class Interrupted(Exception):
 
 def job_labels(exercise):
     with open(os.path.join(ROOT, "exercises", exercise, "info.toml"), "rb") as f:
-        info = tomllib.load(f)
+        info = kit_toml.load(f)
     job = info.get("check", {}).get("job")
     if not job:
         raise SystemExit(f"check: exercise {exercise} has no job script to check "
