@@ -5,10 +5,15 @@
 #
 # Sets KIT_HAVE_NCCL (ON for a CUDA build of LibTorch) and kit_torch_extra_includes.
 
-# Versions CI builds against (README: supported versions). Others stop the configure step with
-# one line; -DKIT_ALLOW_UNTESTED_TORCH=ON turns that into a warning (e.g. a cluster's module).
-set(KIT_TORCH_OLDEST 2.13)
-set(KIT_TORCH_NEWEST 2.14)
+# The supported range (README: "Building on a cluster"). CI runs the suite on the pinned 2.13
+# (requirements.txt), compiles everything against 2.14.1 with CUDA (./kit cuda-build) and against
+# the oldest release below, KIT_TORCH_OLDEST_CI (tests/cluster: cluster.torch_oldest); 2.15 was
+# compiled by hand with the same tool (README). 2.1 and older fail to compile (C++20 and
+# TransformerEncoderLayer's activation option). Others stop the configure step with one line;
+# -DKIT_ALLOW_UNTESTED_TORCH=ON turns that into a warning.
+set(KIT_TORCH_OLDEST 2.2)
+set(KIT_TORCH_NEWEST 2.15)
+set(KIT_TORCH_OLDEST_CI 2.2.2)
 option(KIT_ALLOW_UNTESTED_TORCH "Build against a LibTorch outside the tested range" OFF)
 
 # A CUDA LibTorch probes the GPUs of this machine for the architectures to compile kernels for.

@@ -10,6 +10,7 @@ usage: test_torch_range.py --work DIR
 """
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,13 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     env = dict(os.environ, KIT_NO_INSTALL="1")
     env.pop("Torch_DIR", None)
-    for version in ("1.13.1", "2.12.0", "2.99.0"):
+    with open(os.path.join(ROOT, "common", "cmake", "torch.cmake")) as f:
+        text = f.read()
+    oldest = re.search(r"set\(KIT_TORCH_OLDEST ([0-9.]+)\)", text).group(1)
+    newest = re.search(r"set\(KIT_TORCH_NEWEST ([0-9.]+)\)", text).group(1)
+    below = f"{oldest.split('.')[0]}.{int(oldest.split('.')[1]) - 1}.2"
+    above = f"{newest.split('.')[0]}.{int(newest.split('.')[1]) + 1}.0"
+    for version in ("1.13.1", below, above):
         prefix = os.path.join(work, version)
         fake_torch(prefix, version)
         run = subprocess.run([os.path.join(ROOT, "kit"), "build"], capture_output=True, text=True,
@@ -47,8 +54,8 @@ def main():
         lines = [line for line in run.stderr.splitlines() if line.strip()]
         detail = f"exit {run.returncode}, stderr:\n{run.stderr}"
         expect(run.returncode == 2, f"LibTorch {version}: ./kit build stops (exit 2)", detail)
-        expect(len(lines) == 1 and f"LibTorch {version} is outside the supported range 2.13 to "
-               "2.14" in lines[0] and "KIT_ALLOW_UNTESTED_TORCH" in lines[0],
+        expect(len(lines) == 1 and f"LibTorch {version} is outside the supported range {oldest} "
+               f"to {newest}" in lines[0] and "KIT_ALLOW_UNTESTED_TORCH" in lines[0],
                f"LibTorch {version}: one line with the version, the range and the way out", detail)
     # The way out: a warning instead of the stop (configuring may still fail later for other
     # reasons: the stand-in has no libraries; only the version check is judged here).

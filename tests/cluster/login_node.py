@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""A participant's first morning on a login node, simulated: the kit must build and `./kit check`
+must run from a fresh copy of the repository as an unprivileged user, with no package
+installed for it, the system's Gloo headers out of sight, no network at all, and a torch other
+than the pinned one already imported by the `python3` on PATH (a site module or the user's venv).
+
+What it does, as root (it needs root to set the scene; exit 77, a skip, otherwise):
+  1. copies the repository as git would clone it (tracked and untracked-not-ignored files) into
+     WORK/home/kit, owned by the user `nobody`;
+  2. in a new mount and network namespace: hides /usr/include/gloo behind an empty folder, brings
+     up loopback only (no route to anything, the package index included), and drops to `nobody`,
+     with PYTHON's folder first on PATH;
+  3. as that user: `./kit demo --epochs 1 --max-steps 3` (build, then 2 ranks on Gloo), then
+     `./kit stage 00 LAST` and `./kit check 00` (the finished exercise must pass every TODO).
+Each step must succeed, say which torch it built against and how it got Gloo's headers, and
+nothing may ask for root (no apt-get, no sudo) or the network.
+
+The torch is given the way a site's PyTorch module gives it: PYTHONPATH names its site-packages
+(here the site-packages of VENV: the CUDA torch that ./kit cuda-build puts in .venv-cuda), for
+the system's python3.
+
+usage: login_node.py --venv VENV --work DIR
+"""
+import argparse
+import glob
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from verdict import expect, finish  # noqa: E402
+
+USER = "nobody"
+
+
+def copy_as_cloned(dest):
+    """The files a clone would have: tracked, plus untracked ones git does not ignore (work in
+    progress counts, build folders and venvs do not)."""
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "-co", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, files):
+        src = os.path.join(ROOT, os.fsdecode(name))
+        if not os.path.lexists(src):  # deleted in the work tree
+            continue
+        dst = os.path.join(dest, os.fsdecode(name))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def as_user(work, site, script):
+    """Run a shell script as USER in the login node's scene; (exit code, output)."""
+    home = os.path.join(work, "home")
+    path = "/usr/local/bin:/usr/bin:/bin"
+    hide = "/usr/include/gloo"
+    scene = f"""set -e
+ip link set lo up
+if [ -d {hide} ]; then mount --bind {work}/empty {hide}; fi
+exec setpriv --reuid={USER} --regid=$(id -g {USER}) --clear-groups \
+  env -i HOME={home} PATH={path} PYTHONPATH={site} LANG=C.UTF-8 KIT_JOBS=2 sh -c "$1"
+"""
+    run = subprocess.run(["unshare", "--mount", "--net", "sh", "-c", scene, "scene", script],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=1500)
+    return run.returncode, run.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--venv", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("skipped: setting the scene (a user, namespaces) needs root")
+        return 77
+    sites = glob.glob(os.path.join(os.path.abspath(a.venv), "lib", "python3*", "site-packages"))
+    if not sites or not os.path.isdir(os.path.join(sites[0], "torch")):
+        print(f"FAIL no torch in {a.venv} (./kit cuda-build makes .venv-cuda, the torch used here)")
+        return 1
+    site = sites[0]
+    version = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=site)).stdout.strip()
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        pinned = [line.split("==")[1].strip() for line in f if line.startswith("torch==")][0]
+    expect(version and not version.startswith(pinned), f"the user's torch ({version}) is not the "
+           f"pinned {pinned}")
+
+    work = os.path.abspath(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(os.path.join(work, "empty"))
+    kit = os.path.join(work, "home", "kit")
+    copy_as_cloned(kit)
+    user = pwd.getpwnam(USER)
+    for d, _, names in os.walk(os.path.join(work, "home")):
+        for p in [d] + [os.path.join(d, n) for n in names]:
+            os.lchown(p, user.pw_uid, user.pw_gid)
+
+    # The scene itself: gloo hidden, no network, not root.
+    rc, out = as_user(work, site, "id -u; ls /usr/include/gloo | wc -l; "
+                      "python3 -c 'import socket; socket.create_connection((\"pypi.org\", 443), 3)' "
+                      "2>&1 | tail -n 1")
+    lines = out.splitlines()
+    expect(rc == 0 and len(lines) >= 3 and lines[0] != "0", "the steps run as a user, not root", out)
+    expect(len(lines) >= 2 and lines[1].strip() == "0", "the system's Gloo headers are hidden", out)
+    expect(len(lines) >= 3 and "rror" in lines[2], "the network cannot be reached", out)
+
+    rc, out = as_user(work, site, "cd ~/kit && ./kit demo --epochs 1 --max-steps 3")
+    expect(rc == 0, "./kit demo builds and trains on 2 ranks", out)
+    expect(f"LibTorch {version} from the torch that" in out,
+           "it says it builds against the torch that python3 imports", out)
+    expect("Gloo headers: none needed" in out, "it says how it gets by without Gloo's headers", out)
+    expect("final test loss" in out, "the training reaches its end", out)
+    expect("apt-get" not in out and "sudo" not in out, "nothing asked for root", out)
+
+    todos = subprocess.run([sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"),
+                            "todos", "00-collectives", "--json"], capture_output=True, text=True,
+                           check=True).stdout
+    last = max(int(t["todo"]) for t in json.loads(todos))
+    rc, out = as_user(work, site, f"cd ~/kit && ./kit stage 00 {last} && ./kit check 00")
+    expect(rc == 0, f"./kit check 00 passes the finished exercise (stage {last}) on the login node",
+           out)
+    expect("✘" not in out and out.count("✔") >= last, "every TODO is judged ✔", out)
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
