@@ -1,5 +1,7 @@
 """`kit check EXERCISE --job`: the exercise's job script on the throw-away two-node Slurm of
-tests/slurm/cluster.sh, judged by what the jobs did, never by the script's text.
+tests/slurm/cluster.sh, judged by what the jobs did, never by the script's text. This file runs
+the jobs and fills one record (job_judge.Job) per job; job_judge.py judges them, the same code
+that judges a real cluster's job from what it left (`--job-output`, job_output.py).
 
 Two jobs run, one after the other, each with the solution's trainer (so only the job script is
 judged) behind a small wrapper:
@@ -30,8 +32,6 @@ The cluster is started before the first job and stopped after the last, whatever
 (exceptions, Ctrl-C, SIGTERM).
 """
 import glob
-import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -40,12 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
-from .verdicts import Verdicts
+from .job_judge import Job, ROOT, gpus_of, judge, job_labels, record_job, report
 
-TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOT = os.path.dirname(os.path.dirname(TOOLS))
 RESHAPE = ["--nodes=2", "--gres=gpu:2"]
 JOB_TIMEOUT = int(os.environ.get("KIT_SLURM_JOB_TIMEOUT", "240"))
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -62,16 +59,6 @@ LOG_NOISE = ("pmix", "MPI:", "state file", "NOTE: Trying backup", "MailProg", "h
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM: stop the cluster and leave."""
-
-
-def job_labels(exercise):
-    with open(os.path.join(ROOT, "exercises", exercise, "info.toml"), "rb") as f:
-        info = kit_toml.load(f)
-    job = info.get("check", {}).get("job")
-    if not job:
-        raise SystemExit(f"check: exercise {exercise} has no job script to check "
-                         "(no [check.job] in its info.toml)")
-    return job
 
 
 def recorder(path, names):
@@ -186,38 +173,6 @@ def clean_env(base):
             if k not in drop and not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
 
 
-class Job:
-    def __init__(self, name, opts):
-        self.name, self.opts = name, opts
-        self.id = None
-        self.state = "NOT_SUBMITTED"
-        self.info = {}
-        self.nodes = []
-        self.gpus = 0
-        self.out = self.err = ""
-        self.tasks, self.sruns = [], []
-        self.submit_error = ""
-        self.stuck = ""  # the daemons' logs when the job did not end in time
-
-    def label(self):
-        return "as written" if not self.opts else "with sbatch " + " ".join(self.opts)
-
-    def why_failed(self):
-        if self.submit_error:
-            return f"sbatch refused the script: {self.submit_error}"
-        last = [l for l in self.err.splitlines() if l.strip()]
-        return f"ended {self.state}" + (f": {last[-1]}" if last else "")
-
-
-def gpus_of(tres):
-    """4 from "gres:gpu:4" (a job's TresPerNode) or "gpu:4" (a node's Gres); 0 when none."""
-    for part in tres.split(","):
-        bits = part.replace("/", ":").replace("=", ":").split(":")
-        if "gpu" in bits and bits[-1].isdigit():
-            return int(bits[-1])
-    return 0
-
-
 def run_job(cluster, probes, job, script, args, exercise_flags, work):
     folder = os.path.join(work, job.name)
     os.makedirs(folder, exist_ok=True)
@@ -281,105 +236,8 @@ def run_job(cluster, probes, job, script, args, exercise_flags, work):
     job.sruns = probes.read("srun", job.id)
 
 
-# --- the judgments ------------------------------------------------------------------------------
-def judge_gpus(written, reshaped, node_gpus):
-    why = []
-    if written.gpus != node_gpus:
-        why.append(f"the job asks for {written.gpus} GPU(s) per node (--gres=gpu:{written.gpus}), "
-                   f"a node has {node_gpus}: request all of them")
-    for job in (written, reshaped):
-        if not job.sruns:
-            why.append(f"{job.label()}: the script started no srun step, so no GPU list reached "
-                       "the trainer")
-            continue
-        seen = job.sruns[0].get("CUDA_VISIBLE_DEVICES", "(unset)")
-        mine = job.sruns[0].get("SLURM_JOB_GPUS", "(unset)")
-        want = mine if mine != "(unset)" and len(mine.split(",")) == job.gpus else \
-            ",".join(str(i) for i in range(job.gpus))
-        if sorted(seen.split(",")) != sorted(want.split(",")):
-            why.append(f"{job.label()}: the script shows the trainer CUDA_VISIBLE_DEVICES={seen}, "
-                       f"the job's {job.gpus} GPU(s) are {want}"
-                       + (" (a fixed list does not follow --gres: kit_gpu_ids does)"
-                          if job is reshaped and seen != "(unset)" else ""))
-    return why
-
-
-def judge_rendezvous(jobs):
-    why = []
-    for job in jobs:
-        if not job.tasks:
-            why.append(f"{job.label()}: no task started, so no rank could be told where to meet")
-            continue
-        addr = job.nodes[0] if job.nodes else "?"
-        port = str(20000 + int(job.id) % 10000)
-        got = {(t.get("MASTER_ADDR"), t.get("MASTER_PORT")) for t in job.tasks}
-        bad = sorted(g for g in got if g != (addr, port))
-        if bad:
-            a, p = bad[0]
-            hint = (" (export both)" if "(unset)" in (a, p) else
-                    " (a fixed port clashes with other jobs on the node: kit_job_port)"
-                    if a == addr else " (kit_master_addr: the job's first node)")
-            why.append(f"{job.label()}: the ranks got MASTER_ADDR={a} MASTER_PORT={p}, expected "
-                       f"{addr} and the job's port {port}{hint}")
-            break  # the other job would only say the same
-    return why
-
-
-def judge_tasks(jobs):
-    why = []
-    for job in jobs:
-        g, nodes = job.gpus, job.nodes
-        per_node = {n: sorted(int(t.get("SLURM_LOCALID", "-1")) for t in job.tasks
-                              if t.get("SLURMD_NODENAME") == n) for n in nodes}
-        counts = ", ".join(f"{len(v)} on {n}" for n, v in per_node.items()) or "none"
-        ntasks = {t.get("SLURM_NTASKS") for t in job.tasks}
-        ok = g > 0 and all(v == list(range(g)) for v in per_node.values()) and \
-            ntasks == {str(g * len(nodes))}
-        if not ok:
-            why.append(f"{job.label()}: {len(nodes)} node(s) x {g} GPU(s), and the job started "
-                       f"{len(job.tasks)} task(s) ({counts}): start one task per GPU on every node")
-    return why
-
-
-def judge_nodes(written, want):
-    if len(written.nodes) == want:
-        return []
-    return [f"the job ran on {len(written.nodes)} node(s) ({', '.join(written.nodes) or 'none'}): "
-            f"ask for {want} (#SBATCH --nodes)"]
-
-
-def judge_all(jobs):
-    why = []
-    for job in jobs:
-        if job.state != "COMPLETED":
-            why.append(f"{job.label()}: {job.why_failed()}")
-        elif sum(l.startswith("final test loss ") for l in job.out.splitlines()) != 1:
-            why.append(f"{job.label()}: the job did not print one final test loss")
-    return why
-
-
-def record_job(path, exercise, script, verdicts):
-    """Adds this check's verdicts to .kit/check/<exercise>.json under "job", for `kit list`; the
-    trainer's record in the same file stays."""
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        rec = {"exercise": exercise}
-    with open(script, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    rec["job"] = {"source": os.path.abspath(script), "sha256": digest,
-                  "time": time.strftime("%Y-%m-%d %H:%M"),
-                  "passed": verdicts.passed(), "failed": verdicts.failed()}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rec, f)
-    os.replace(tmp, path)
-
-
 def main(args):
-    labels = job_labels(args.exercise)
+    labels, _ = job_labels(args.exercise)
     work = args.workdir or tempfile.mkdtemp(prefix="kit-check-job-")
     os.makedirs(work, exist_ok=True)
     script = os.path.abspath(args.script)
@@ -413,23 +271,8 @@ def main(args):
         print("check: interrupted; the test cluster is stopped", flush=True)
         return 130
 
-    v = Verdicts()
-    jobs = (written, reshaped)
-    for key, what, why in (
-            ("gpus", "the job requests every GPU of a node and makes the job's GPUs visible",
-             judge_gpus(written, reshaped, node_gpus)),
-            ("rendezvous", "every rank gets MASTER_ADDR and the job's MASTER_PORT",
-             judge_rendezvous(jobs)),
-            ("tasks", "one task per GPU on every node (srun)", judge_tasks(jobs)),
-            ("nodes", "the job spans two nodes", judge_nodes(written, 2)),
-            ("all", "both jobs complete and print the final test loss", judge_all(jobs))):
-        v.add(labels.get(key, key), not why, what, "; ".join(why))
-    v.print()
-    print(f"passed: {','.join(v.passed()) or '-'}")
-    print(f"failed: {','.join(v.failed()) or '-'}")
-    if not v.failed():
-        print(f"every job-script TODO passes: compare with the solution: "
-              f"./kit diff {args.exercise[:2]} --solution")
+    v = judge(labels, written, reshaped, node_gpus)
+    report(v, args.exercise)
     if args.record:
         record_job(args.record, args.exercise, script, v)
     if not args.keep and not args.workdir:
