@@ -3,9 +3,9 @@
 # Daint or Clariden vClusters.
 #
 # Software comes as a uenv (or a container of the Container Engine), chosen when you submit.
-# On the login node, once per shell:
-#     export SBATCH_ACCOUNT=<project>
-#     source sbatch/sites/alps.sh
+# Once: sbatch/account.sh <project> (saved for every later login; see sbatch/account.sh). On the
+# login node, once per shell:
+#     source sbatch/sites/alps.sh              # SBATCH_ACCOUNT from the saved account
 # build inside the same uenv that the job uses, then:
 #     sbatch --uenv=<pytorch uenv> --view=<its view> sbatch/01-transformer-lm-ddp/run.sbatch
 # (or --environment=<EDF file> for a container). Modules, if your uenv has them: KIT_MODULES.
@@ -20,6 +20,10 @@
 # See sbatch/sites/generic.sh for how a site profile works.
 
 export KIT_SITE=alps
+# The account and partition saved with sbatch/account.sh, where the environment sets none.
+# shellcheck source-path=SCRIPTDIR source=../account.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../account.sh"
+kit_saved_site || :
 : "${SBATCH_PARTITION:=normal}"
 export SBATCH_PARTITION
 
