@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -34,10 +35,37 @@ namespace {
 std::shared_ptr<ProcessGroup> g_group;  // the default group; empty before setup()/after destroy
 int g_rank = 0;
 
-std::chrono::milliseconds collective_timeout() {
+// KIT_TIMEOUT in seconds, or 0 when unset. Not a positive whole number: one error line (a typo
+// that silently meant "the default" would turn a hang of seconds into one of half an hour).
+int kit_timeout_seconds() {
   const char* t = std::getenv("KIT_TIMEOUT");
-  int seconds = t && *t ? std::atoi(t) : 60;
-  return std::chrono::seconds(seconds > 0 ? seconds : 60);
+  if (t == nullptr || *t == '\0') return 0;
+  std::string s = t;
+  bool digits = s.size() < 8;
+  for (char c : s) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+  int seconds = digits ? std::atoi(s.c_str()) : 0;
+  if (seconds <= 0)
+    throw SetupError("KIT_TIMEOUT='" + s + "' is not a whole number of seconds above 0");
+  return seconds;
+}
+
+// How long a collective may wait for the other ranks: KIT_TIMEOUT, else c10d's own default for
+// the backend, as torch.distributed has it (torch 2.13: kProcessGroupNCCLDefaultTimeout, 10 min,
+// in ProcessGroupNCCL.hpp; kBackendDefaultTimeout, 30 min, for Gloo in Backend.hpp). A real step
+// may legitimately wait minutes (rank 0 writing a checkpoint, a slow first batch): a shorter
+// default would kill healthy jobs. Tests and ./kit check set KIT_TIMEOUT to seconds.
+std::chrono::milliseconds collective_timeout(const std::string& backend) {
+  if (int s = kit_timeout_seconds(); s > 0) return std::chrono::seconds(s);
+  return backend == "nccl" ? std::chrono::minutes(10) : std::chrono::minutes(30);
+}
+
+// How long rank 0 waits for everybody at the rendezvous (and any rank for rank 0): KIT_TIMEOUT,
+// else c10d's Store::kDefaultTimeout, 5 min. srun starts the tasks of a step together, but a
+// container or a module load can delay some of them by minutes; a rank that never comes is
+// named after that wait ("k of N ranks joined (missing: ...)").
+std::chrono::milliseconds rendezvous_timeout() {
+  if (int s = kit_timeout_seconds(); s > 0) return std::chrono::seconds(s);
+  return std::chrono::minutes(5);
 }
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -178,10 +206,10 @@ void record_exit() {
 Setup setup(uint64_t seed) {
   if (g_group) throw SetupError("setup() was called twice");
   RankEnv env = read_rank_env();
-  auto timeout = collective_timeout();
 
   bool cuda = torch::cuda::is_available();
-  const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0));
+  const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0,
+                                        std::getenv("CUDA_VISIBLE_DEVICES")));
   std::string backend = compat::kHaveNccl && cuda ? "nccl" : "gloo";
   if (const char* b = std::getenv("KIT_BACKEND"); b && *b) {
     backend = b;
@@ -198,6 +226,15 @@ Setup setup(uint64_t seed) {
     std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "
                          "on the CPU with Gloo\n");
   }
+  const auto timeout = collective_timeout(backend);
+
+  // The rank's GPU is made current before the process group exists, as PyTorch's own
+  // DDP examples do (torch.cuda.set_device before init_process_group): whatever the group
+  // does on "the current device" before a tensor names one (a CUDA context, a barrier on a device
+  // that ProcessGroupNCCL::guessDeviceForRank() guesses) happens on this rank's GPU, not on GPU 0.
+#if defined(KIT_HAVE_NCCL)
+  if (device.is_cuda()) compat::set_cuda_device(device.index());
+#endif
 
   c10::intrusive_ptr<c10d::Store> store;
   if (env.world_size == 1 && env.master_port == 0)
@@ -208,7 +245,7 @@ Setup setup(uint64_t seed) {
     // log quiet unless the user asked for it with TORCH_CPP_LOG_LEVEL.
     if (const char* level = std::getenv("TORCH_CPP_LOG_LEVEL"); level == nullptr || *level == '\0')
       FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);  // 3: above c10d's ERROR
-    store = rendezvous(env, timeout);
+    store = rendezvous(env, rendezvous_timeout());
   }
   try {
     g_group = make_process_group(c10::make_intrusive<c10d::PrefixStore>("pg", store), env.rank,
@@ -218,9 +255,6 @@ Setup setup(uint64_t seed) {
   }
   g_rank = env.rank;
 
-#if defined(KIT_HAVE_NCCL)
-  if (device.is_cuda()) compat::set_cuda_device(device.index());
-#endif
   // Different seeds per rank: dropout masks and any other randomness differ between ranks, as
   // they would between different batches on one GPU. (The initial weights come from rank 0 via
   // DistributedDataParallel, and the samplers share one seed on purpose.)
@@ -232,7 +266,8 @@ Setup setup(uint64_t seed) {
     trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
                                std::to_string(env.local_rank) + " world_size=" +
                                std::to_string(env.world_size) + " device=" + device.str() +
-                               " backend=" + backend + " threads=" + std::to_string(threads) +
+                               " backend=" + backend + " timeout_s=" +
+                               std::to_string(timeout.count() / 1000) + " threads=" + std::to_string(threads) +
                                " seed=" + std::to_string(seed));
     std::atexit(record_exit);
   }

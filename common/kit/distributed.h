@@ -21,13 +21,14 @@ struct Setup {
   int world_size;       // number of ranks in the job
 };
 
-// Joins the job. Reads the rank environment (kit/env.h), meets the other ranks at
-// MASTER_ADDR:MASTER_PORT (rank 0 listens; everybody checks in, with a "k of N joined" timeout),
-// creates the process group (NCCL when CUDA is available, Gloo otherwise), selects the GPU,
-// seeds torch's RNG with seed + rank, and sets the intra-op thread count to this rank's share of
+// Joins the job. Reads the rank environment (kit/env.h), makes the rank's GPU current
+// (device_for(), env.h), meets the other ranks at MASTER_ADDR:MASTER_PORT (rank 0 listens;
+// everybody checks in, with a "k of N joined" timeout), creates the process group (NCCL when
+// CUDA is available, Gloo otherwise), seeds torch's RNG with seed + rank, and sets the intra-op thread count to this rank's share of
 // the cores. Without a launcher it sets up a world of one, so the same trainer runs anywhere.
 // Any problem is a kit::SetupError with a one-line message.
-// Collectives time out after KIT_TIMEOUT seconds (default 60).
+// Collectives time out after KIT_TIMEOUT seconds (default: c10d's, 10 min for NCCL, 30 min for
+// Gloo); the rendezvous after KIT_TIMEOUT too (default 5 min).
 Setup setup(uint64_t seed = 0);
 
 bool is_initialized();  // between setup() and destroy_process_group()

@@ -55,15 +55,26 @@ std::string first_host(const std::string& nodelist) {
   return host;
 }
 
-std::string device_for(const RankEnv& env, int visible_gpus) {
+std::string device_for(const RankEnv& env, int visible_gpus, const char* visible_devices) {
   if (visible_gpus <= 0) return "cpu";
-  int needed = std::max(env.local_world_size, env.local_rank + 1);
-  if (needed > visible_gpus)
-    throw SetupError(std::to_string(needed) + " ranks on this node but only " +
-                     std::to_string(visible_gpus) +
-                     " GPU(s) visible (check --gres/--ntasks-per-node and CUDA_VISIBLE_DEVICES): "
-                     "start at most one rank per GPU");
-  return "cuda:" + std::to_string(env.local_rank);
+  // Slurm decides what a task sees. --gpus-per-task=1, or a --gpu-bind that gives each task the
+  // one GPU near its cores, leaves one visible GPU per task: the rank's own, whatever its local
+  // rank. --gres=gpu:N or --gpus-per-node=N (binding none) shows every task all N: local rank L
+  // takes the L-th. (More visible than ranks is the second case too: one process on a
+  // workstation with two GPUs, or ddprun --nproc 2 on a node of four.)
+  // (That every rank of a node sees one and the same GPU, --gres=gpu:1 with four tasks, cannot
+  // be told from here; sbatch/job.sh refuses more tasks per node than GPUs before srun.)
+  if (visible_gpus == 1) return "cuda:0";
+  const int ranks = std::max(env.local_world_size, env.local_rank + 1);
+  if (visible_gpus >= ranks) return "cuda:" + std::to_string(env.local_rank);
+  // Several GPUs but fewer than the node's ranks (e.g. --gpu-bind=closest: each task sees the
+  // GPUs of its socket): which of them is this rank's depends on how the other ranks were bound,
+  // which this rank cannot see. Guessing could put two ranks on one GPU: refuse.
+  std::string seen = visible_devices ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible_devices + ")" : "";
+  throw SetupError("local rank " + std::to_string(env.local_rank) + " of " + std::to_string(ranks) +
+                   " ranks on this node sees " + std::to_string(visible_gpus) + " GPUs" + seen +
+                   ": give each task one GPU (srun --gpus-per-task=1) or every task all of them "
+                   "(--gres=gpu:N or --gpus-per-node=N with --ntasks-per-node=N, and --gpu-bind=none)");
 }
 
 int port_for_job(long job_id) { return 20000 + static_cast<int>(job_id % 10000); }

@@ -38,10 +38,13 @@ using EnvLookup = std::function<const char*(const char*)>;
 RankEnv read_rank_env(const EnvLookup& getenv);
 RankEnv read_rank_env();  // from the real environment
 
-// The device this rank drives: "cuda:<local_rank>" when GPUs are visible (one rank per GPU, so
-// the ranks of a node never share one), "cpu" when there are none. More ranks on the node than
-// visible GPUs is a SetupError: two ranks on one GPU would silently halve its speed.
-std::string device_for(const RankEnv& env, int visible_gpus);
+// The device this rank drives, chosen among the GPUs this rank can see (visible_gpus; "cpu" when
+// none): one visible GPU is the rank's own ("cuda:0": --gpus-per-task=1, a --gpu-bind that gives
+// each task one GPU); at least as many visible as the node's ranks: "cuda:<local_rank>" (--gres,
+// --gpus-per-node: every task sees all of them). Anything else is a SetupError naming the Slurm
+// flags to use. visible_devices (CUDA_VISIBLE_DEVICES as this rank sees it, nullptr if unset)
+// only goes into that message.
+std::string device_for(const RankEnv& env, int visible_gpus, const char* visible_devices);
 
 // "jwb[0012-0015,0020],login1" -> "jwb0012": the first host of a Slurm node list, without
 // needing `scontrol show hostnames` (which is not there inside every container).

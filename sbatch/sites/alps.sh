@@ -3,18 +3,27 @@
 # Daint or Clariden vClusters.
 #
 # Software comes as a uenv (or a container of the Container Engine), chosen when you submit.
-# On the login node, once per shell:
-#     export SBATCH_ACCOUNT=<project>
-#     source sbatch/sites/alps.sh
+# Once: sbatch/account.sh <project> (saved for every later login; see sbatch/account.sh). On the
+# login node, once per shell:
+#     source sbatch/sites/alps.sh              # SBATCH_ACCOUNT from the saved account
 # build inside the same uenv that the job uses, then:
 #     sbatch --uenv=<pytorch uenv> --view=<its view> sbatch/01-transformer-lm-ddp/run.sbatch
 # (or --environment=<EDF file> for a container). Modules, if your uenv has them: KIT_MODULES.
+#
+# GPU binding: CSCS's Slurm page (github.com/eth-cscs/cscs-docs, docs/running/slurm.md, "NVIDIA
+# GH200 GPU Nodes") calls one rank per GPU the most straightforward setup; its example used
+# --ntasks-per-node=4 --gpus-per-task=1, so each task sees one GPU. The trainer takes that GPU
+# (cuda:0), as it takes GPU LOCAL_RANK when every task sees all four (the job scripts' --gres).
 #
 # Overrides: SBATCH_PARTITION (default normal; debug for short runs), KIT_MODULES, and every
 # NCCL_*/FI_* variable below (set it before sbatch to change it).
 # See sbatch/sites/generic.sh for how a site profile works.
 
 export KIT_SITE=alps
+# The account and partition saved with sbatch/account.sh, where the environment sets none.
+# shellcheck source-path=SCRIPTDIR source=../account.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../account.sh"
+kit_saved_site || :
 : "${SBATCH_PARTITION:=normal}"
 export SBATCH_PARTITION
 

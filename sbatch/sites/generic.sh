@@ -2,7 +2,10 @@
 # Site profile "generic": any Slurm cluster whose GPUs are a GRES (--gres=gpu:N). The default
 # when KIT_SITE is not set. Copy this file to add a site (see "How a site profile works" below).
 #
-#   Before sbatch, tell Slurm your account and partition, once per shell:
+#   Before sbatch, tell Slurm your account and partition, once for every later login:
+#       sbatch/account.sh <your project> <a GPU partition>
+#   (saved in ~/.config/ddp-kit/site.env; sourcing this profile exports them as SBATCH_ACCOUNT
+#   and SBATCH_PARTITION), or once per shell:
 #       export SBATCH_ACCOUNT=<your project> SBATCH_PARTITION=<a GPU partition>
 #   or on the command line:  sbatch -A <project> -p <partition> sbatch/01-.../run.sbatch
 #   Modules the build and the job need (if any): export KIT_MODULES="<names>"
@@ -31,6 +34,10 @@
 #                              first node of the job (rank 0). Without it: HOST itself.
 
 export KIT_SITE=generic
+# The account and partition saved with sbatch/account.sh, where the environment sets none.
+# shellcheck source-path=SCRIPTDIR source=../account.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../account.sh"
+kit_saved_site || :
 
 kit_site_env() {
   if [ -n "${KIT_MODULES:-}" ]; then

@@ -4,7 +4,7 @@
 # KIT_SITE=jureca or KIT_SITE=juwels-booster, which set the system and come here; KIT_SITE=jsc
 # picks the system from $SYSTEMNAME (set by JSC on every login and compute node).
 #
-# On the login node, once per shell:
+# On the login node, once per shell (or save the project once: sbatch/account.sh <project>):
 #     jutil env activate -p <project>          # sets $BUDGET_ACCOUNTS, used as the account
 #     source sbatch/sites/jureca.sh            # or juwels-booster.sh
 #     kit_site_env                             # the modules, to build with the same LibTorch
@@ -15,19 +15,24 @@
 # Overrides (export before sourcing or before sbatch):
 #   KIT_MODULES       the modules to load (default below; check `module spider PyTorch`: the
 #                     names follow the software stage of the year)
-#   SBATCH_ACCOUNT    the budget to charge (default: $BUDGET_ACCOUNTS)
-#   SBATCH_PARTITION  the partition (default: dc-gpu or booster)
+#   SBATCH_ACCOUNT    the budget to charge (default: $BUDGET_ACCOUNTS, else the saved one)
+#   SBATCH_PARTITION  the partition (default: the saved one, else dc-gpu or booster)
 #
 # See sbatch/sites/generic.sh for how a site profile works.
 
 export KIT_SITE=jsc
+# The account: SBATCH_ACCOUNT, else $BUDGET_ACCOUNTS (jutil env activate), else the one saved
+# with sbatch/account.sh. The partition: SBATCH_PARTITION, else the saved one, else below.
+: "${SBATCH_ACCOUNT:=${BUDGET_ACCOUNTS:-}}"
+# shellcheck source-path=SCRIPTDIR source=../account.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../account.sh"
+kit_saved_site || :
 : "${KIT_JSC_SYSTEM:=${SYSTEMNAME:-}}"
 case $KIT_JSC_SYSTEM in
   jurecadc | jureca) : "${SBATCH_PARTITION:=dc-gpu}" ;;
   juwelsbooster | juwels-booster | juwels) : "${SBATCH_PARTITION:=booster}" ;;
 esac
 [ -n "${SBATCH_PARTITION:-}" ] && export SBATCH_PARTITION
-: "${SBATCH_ACCOUNT:=${BUDGET_ACCOUNTS:-}}"
 if [ -n "$SBATCH_ACCOUNT" ]; then export SBATCH_ACCOUNT; else unset SBATCH_ACCOUNT; fi
 # PyTorch brings LibTorch (CMake finds it with the prefix path of the top-level CMakeLists.txt),
 # CUDA, cuDNN and NCCL; GCC and OpenMPI are its toolchain.

@@ -1,9 +1,10 @@
 # shellcheck shell=bash
 # Site profile "perlmutter": NERSC Perlmutter, GPU nodes (4 A100 per node, Slingshot network).
 #
-# On the login node, once per shell:
-#     export SBATCH_ACCOUNT=m1234              # your NERSC project
-#     source sbatch/sites/perlmutter.sh        # GPU nodes (-C gpu), QOS regular
+# Once, for every later login: sbatch/account.sh m1234 (your NERSC project; see
+# sbatch/account.sh), or export SBATCH_ACCOUNT=m1234 in each shell. On the login node, once per
+# shell:
+#     source sbatch/sites/perlmutter.sh        # GPU nodes (-C gpu), QOS regular, the account
 #     kit_site_env                             # the modules, to build with the same LibTorch
 # then:
 #     sbatch sbatch/01-transformer-lm-ddp/run.sbatch
@@ -14,6 +15,10 @@
 # See sbatch/sites/generic.sh for how a site profile works.
 
 export KIT_SITE=perlmutter
+# The account and partition saved with sbatch/account.sh, where the environment sets none.
+# shellcheck source-path=SCRIPTDIR source=../account.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../account.sh"
+kit_saved_site || :
 : "${SBATCH_CONSTRAINT:=gpu}"
 : "${SBATCH_QOS:=regular}"
 export SBATCH_CONSTRAINT SBATCH_QOS

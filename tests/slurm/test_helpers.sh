@@ -11,6 +11,12 @@
 #   * kit_site_env loads the modules, or stops the job with one line when one is missing;
 #   * the JSC profiles resolve the first node's InfiniBand name ("i" appended) to an address,
 #     and fall back to the plain name with one warning line when it does not resolve.
+#   * the account and partition saved with sbatch/account.sh (~/.config/ddp-kit/site.env, or
+#     under $XDG_CONFIG_HOME) reach sbatch: every real site's profile exports them as
+#     SBATCH_ACCOUNT/SBATCH_PARTITION; SBATCH_* in the environment (and JSC's $BUDGET_ACCOUNTS)
+#     win over the file; the file wins over a profile's default partition; a malformed file is
+#     one line on stderr and none of it is used; "local" ignores it; account.sh refuses a name
+#     that is not one word, in one line, and leaves the file as it was.
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -93,4 +99,46 @@ check "jureca: account from BUDGET_ACCOUNTS" \
   test "$(env -i BUDGET_ACCOUNTS=proj1 bash -c ". '$ROOT/sbatch/sites/jureca.sh'; echo \$SBATCH_ACCOUNT")" = proj1
 check "perlmutter: GPU nodes" \
   test "$(env -i bash -c ". '$ROOT/sbatch/sites/perlmutter.sh'; echo \$SBATCH_CONSTRAINT")" = gpu
+
+# The saved account and partition. saved HOME SITE [NAME=VALUE...]: source the profile of SITE
+# with that HOME (and those variables) as a login shell would, then print what a child process
+# (sbatch) sees: "<SBATCH_ACCOUNT> <SBATCH_PARTITION>", "-" for unset.
+saved() {
+  local home=$1 site=$2
+  shift 2
+  env -i PATH="$PATH" HOME="$home" "$@" bash -c "set -euo pipefail
+    . '$ROOT/sbatch/sites/$site.sh'
+    sh -c 'echo \"\${SBATCH_ACCOUNT:--} \${SBATCH_PARTITION:--}\"'"
+}
+home=$(mktemp -d "${TMPDIR:-/tmp}/kit-home.XXXXXX")
+trap 'rm -rf "$home"' EXIT
+# save ARGS...: sbatch/account.sh ARGS with that HOME; its stdout is dropped.
+save() { env -i PATH="$PATH" HOME="$home" "$ROOT/sbatch/account.sh" "$@" >/dev/null; }
+check "account.sh saves account and partition" save proj9 gpu-part_2
+for site in generic perlmutter alps jureca juwels-booster; do
+  check "$site: the saved account and partition" test "$(saved "$home" "$site")" = "proj9 gpu-part_2"
+  check "$site: SBATCH_* in the environment win over the file" \
+    test "$(saved "$home" "$site" SBATCH_ACCOUNT=envacct SBATCH_PARTITION=envpart)" = "envacct envpart"
+done
+check "jureca: BUDGET_ACCOUNTS wins over the saved account" \
+  test "$(saved "$home" jureca BUDGET_ACCOUNTS=budget1)" = "budget1 gpu-part_2"
+check "local: the test cluster ignores the saved account" test "$(saved "$home" local)" = "- -"
+account_only() { save proj7 && test "$(saved "$home" jureca)" = "proj7 dc-gpu"; }
+check "account only: the profile's own partition stays" account_only
+mkdir -p "$home/xdg/ddp-kit"
+printf 'KIT_ACCOUNT=xdgacct\n' >"$home/xdg/ddp-kit/site.env"
+check "XDG_CONFIG_HOME: its ddp-kit/site.env" \
+  test "$(saved "$home" generic XDG_CONFIG_HOME="$home/xdg")" = "xdgacct -"
+file=$home/.config/ddp-kit/site.env
+before=$(cat "$file")
+check "account.sh: a name with a space is one error line" \
+  test "$(save 'my proj' 2>&1 | grep -c .)" -eq 1
+refused_kept() { ! save 'x;y' 2>/dev/null && test "$(cat "$file")" = "$before"; }
+check "account.sh: ... refused, the file as it was" refused_kept
+printf '# mine\nKIT_ACCOUNT=proj9\nKIT_PARTITON=gpu\n' >"$file"
+check "a malformed file: nothing of it is used" test "$(saved "$home" generic 2>/dev/null)" = "- -"
+check "a malformed file: one line on stderr, naming the file's line" \
+  test "$(saved "$home" generic 2>&1 >/dev/null | grep -c "site.env line 3 is not KIT_ACCOUNT=")" -eq 1
+check "a malformed file: ... and nothing else" \
+  test "$(saved "$home" generic 2>&1 >/dev/null | wc -l)" -eq 1
 finish

@@ -21,7 +21,7 @@ ln -s "$ROOT/sbatch/job.sh" "$stages/job.sh"
 ln -s "$ROOT/sbatch/sites" "$stages/sites"
 
 cd "$ROOT" || exit 1
-files=(sbatch/job.sh sbatch/sites/*.sh sbatch/*/*.sbatch tests/slurm/*.sh)
+files=(sbatch/*.sh sbatch/sites/*.sh sbatch/*/*.sbatch tests/slurm/*.sh)
 for f in "${files[@]}"; do
   check "shellcheck $f" shellcheck -x "$f"
 done

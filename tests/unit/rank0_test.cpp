@@ -30,12 +30,12 @@ const std::string g_tag = "kit-rank0-" + std::to_string(::getpid());
 
 // ddprun --nproc-per-node n --tag-output -- rank0_probe args..., with a clean environment and a
 // collective timeout far below the test's, so that a rank left waiting fails instead of hanging.
-Result run_probe(int n, const std::vector<std::string>& args, const fs::path& dir) {
+Result run_probe(int n, const std::vector<std::string>& args, const fs::path& dir,
+                 const std::map<std::string, std::string>& env = {{"KIT_TIMEOUT", "20"}}) {
   std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", std::to_string(n),
                                    "--tag-output", "--", PROBE_EXE};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process p(argv, kit_test::clean_env("KIT_RANK0_TAG", g_tag, {{"KIT_TIMEOUT", "20"}}), dir,
-            "ddprun");
+  Process p(argv, kit_test::clean_env("KIT_RANK0_TAG", g_tag, env), dir, "ddprun");
   return p.wait(45);
 }
 
@@ -174,6 +174,39 @@ TEST(Rank0Helpers, AllReduceGivesTheExactResultOfEachOp) {
     for (int k = 0; k < 4; ++k)
       EXPECT_NEAR(std::stod(m[4 + k]), want[op][k], tol)
           << op << " " << type << " on rank " << m[3] << ", element " << k;
+  }
+}
+
+// The collective timeout that setup() gave the process group, as each rank traced it
+// ("setup ... timeout_s=N ..."): c10d's default for the backend unless KIT_TIMEOUT says otherwise.
+std::vector<std::string> traced_timeouts(const std::map<std::string, std::string>& env) {
+  kit_test::TempDir tmp("kit-rank0");
+  auto with_trace = env;
+  with_trace["KIT_TRACE_DIR"] = tmp.path.string();
+  Result r = run_probe(2, {"all_reduce"}, tmp.path, with_trace);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> found;
+  for (auto& entry : fs::directory_iterator(tmp.path))
+    if (entry.path().extension() == ".trace")
+      for (auto& m : matches(kit_test::read_file(entry.path()), std::regex(R"(^setup .* timeout_s=(\d+) )")))
+        found.push_back(m[1]);
+  return found;
+}
+
+TEST(Rank0Helpers, CollectiveTimeoutIsGloosDefaultUnlessKitTimeoutSaysOtherwise) {
+  // This build's ranks use Gloo (CPU): c10d's kBackendDefaultTimeout, 30 min.
+  EXPECT_EQ(traced_timeouts({}), (std::vector<std::string>{"1800", "1800"}));
+  EXPECT_EQ(traced_timeouts({{"KIT_TIMEOUT", "20"}}), (std::vector<std::string>{"20", "20"}));
+}
+
+TEST(Rank0Helpers, KitTimeoutThatIsNotANumberIsOneErrorLine) {
+  kit_test::TempDir tmp("kit-rank0");
+  // "10s" once meant 10 (atoi), "ten" the default: both are now refused.
+  for (const char* bad : {"10s", "ten", "0"}) {
+    Result r = run_probe(2, {"all_reduce"}, tmp.path, {{"KIT_TIMEOUT", bad}});
+    EXPECT_NE(r.exit_code, 0) << r;
+    EXPECT_NE(r.err.find(std::string("KIT_TIMEOUT='") + bad + "' is not a whole number"), std::string::npos) << r;
+    EXPECT_LT(r.seconds, 20) << r;
   }
 }
 

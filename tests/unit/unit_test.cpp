@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -653,29 +654,81 @@ kit::RankEnv node(int local_rank, int local_world_size) {
   return e;
 }
 
-TEST(DeviceFor, OneGpuPerLocalRank) {
-  EXPECT_EQ(kit::device_for(node(0, 1), 1), "cuda:0");
-  EXPECT_EQ(kit::device_for(node(0, 4), 4), "cuda:0");
-  EXPECT_EQ(kit::device_for(node(3, 4), 4), "cuda:3");
-  EXPECT_EQ(kit::device_for(node(1, 2), 8), "cuda:1");  // fewer ranks than GPUs is fine
+// What Slurm shows each task of a node: its CUDA_VISIBLE_DEVICES (the node's GPU numbers, in
+// the order CUDA numbers them). For every local rank, device_for() must pick a device that exists
+// in its own list, and no two ranks of the node may end up on the same physical GPU.
+std::vector<int> physical_gpus(const std::vector<std::string>& seen_by_task) {
+  std::vector<int> gpus;
+  const int ranks = static_cast<int>(seen_by_task.size());
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<int> visible;
+    std::stringstream list(seen_by_task[r]);
+    for (std::string id; std::getline(list, id, ',');) visible.push_back(std::stoi(id));
+    std::string d = kit::device_for(node(r, ranks), static_cast<int>(visible.size()),
+                                    seen_by_task[r].c_str());
+    EXPECT_EQ(d.rfind("cuda:", 0), 0u) << d;
+    size_t index = std::stoul(d.substr(5));
+    EXPECT_LT(index, visible.size()) << "local rank " << r << " got " << d << " of " << seen_by_task[r];
+    gpus.push_back(index < visible.size() ? visible[index] : -1);
+  }
+  return gpus;
+}
+
+TEST(DeviceFor, EveryTaskSeesAllGpusGresOrGpusPerNode) {
+  // --gres=gpu:4 (or --gpus-per-node=4) with --ntasks-per-node=4: each task sees all four.
+  EXPECT_EQ(physical_gpus({"0,1,2,3", "0,1,2,3", "0,1,2,3", "0,1,2,3"}), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(kit::device_for(node(3, 4), 4, nullptr), "cuda:3");
+}
+
+TEST(DeviceFor, EachTaskSeesOneGpuGpusPerTask) {
+  // --gpus-per-task=1 (Slurm binds each task to its GPU): task r sees GPU r alone, as cuda:0.
+  EXPECT_EQ(physical_gpus({"0", "1", "2", "3"}), (std::vector<int>{0, 1, 2, 3}));
+  // The same when the node's device cgroup renumbers: every task's one GPU is its cuda:0.
+  EXPECT_EQ(kit::device_for(node(2, 4), 1, "0"), "cuda:0");
+}
+
+TEST(DeviceFor, GpuBindClosestOneGpuPerNumaDomain) {
+  // --gpu-bind=closest gives a task the GPUs of its NUMA domain (Slurm's man page); where each
+  // domain has one GPU and one task, as with 4 tasks per node on a node of 4 domains, each task
+  // sees one GPU, and it is not in local-rank order.
+  EXPECT_EQ(physical_gpus({"3", "2", "1", "0"}), (std::vector<int>{3, 2, 1, 0}));
+}
+
+TEST(DeviceFor, GpuBindClosestTwoGpusPerSocketIsOneClearError) {
+  // Two sockets with two GPUs each, 4 tasks, --gpu-bind=closest: each task sees the two GPUs of
+  // its socket. Which one is this rank's depends on the binding of the others: refused.
+  for (int rank = 0; rank < 4; ++rank) {
+    const char* seen = rank < 2 ? "0,1" : "2,3";
+    try {
+      std::string d = kit::device_for(node(rank, 4), 2, seen);
+      ADD_FAILURE() << "local rank " << rank << " of 4 seeing " << seen << " got " << d;
+    } catch (const kit::SetupError& e) {
+      std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      EXPECT_NE(msg.find("sees 2 GPUs (CUDA_VISIBLE_DEVICES=" + std::string(seen) + ")"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--gpus-per-task=1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--gres=gpu:N"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--ntasks-per-node=N"), std::string::npos) << msg;
+    }
+  }
+  // CUDA_VISIBLE_DEVICES unset: the message says so by leaving it out.
+  try {
+    kit::device_for(node(5, 8), 4, nullptr);
+    ADD_FAILURE() << "8 ranks on 4 visible GPUs accepted";
+  } catch (const kit::SetupError& e) {
+    EXPECT_EQ(std::string(e.what()).find("CUDA_VISIBLE_DEVICES"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeviceFor, FewerRanksThanVisibleGpus) {
+  // One process on a workstation with two GPUs, or ddprun --nproc 2 on a node of 8.
+  EXPECT_EQ(kit::device_for(node(0, 1), 2, nullptr), "cuda:0");
+  EXPECT_EQ(kit::device_for(node(1, 2), 8, "0,1,2,3,4,5,6,7"), "cuda:1");
 }
 
 TEST(DeviceFor, CpuWithoutGpus) {
-  EXPECT_EQ(kit::device_for(node(0, 1), 0), "cpu");
-  EXPECT_EQ(kit::device_for(node(3, 8), 0), "cpu");
-}
-
-TEST(DeviceFor, MoreRanksThanGpusIsASetupError) {
-  for (auto [rank, ranks, gpus] : {std::tuple{0, 4, 2}, std::tuple{3, 4, 2}, std::tuple{2, 1, 2}}) {
-    try {
-      std::string d = kit::device_for(node(rank, ranks), gpus);
-      ADD_FAILURE() << "local rank " << rank << " of " << ranks << " on " << gpus << " GPUs got " << d;
-    } catch (const kit::SetupError& e) {
-      std::string msg = e.what();
-      EXPECT_NE(msg.find(std::to_string(gpus) + " GPU"), std::string::npos) << msg;
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-  }
+  EXPECT_EQ(kit::device_for(node(0, 1), 0, nullptr), "cpu");
+  EXPECT_EQ(kit::device_for(node(3, 8), 0, ""), "cpu");
 }
 
 // ---------------------------------------------------------------------------------------------
