@@ -45,8 +45,18 @@ endif()
 # find_package(Torch), which resolves nvrtc while it runs.
 set(kit_torch_extra_includes "")
 string(REPLACE ":" ";" kit_env_prefixes "$ENV{CMAKE_PREFIX_PATH}")
-foreach(kit_prefix ${CMAKE_PREFIX_PATH} ${kit_env_prefixes} ${Torch_DIR} $ENV{Torch_DIR})
-  get_filename_component(kit_site "${kit_prefix}/../../.." ABSOLUTE)  # .../site-packages
+# A prefix is .../site-packages/torch/share/cmake, a Torch_DIR (what a configured build folder
+# keeps, when ./kit reconfigures it without CMAKE_PREFIX_PATH) one folder deeper.
+set(kit_sites "")
+foreach(kit_prefix ${CMAKE_PREFIX_PATH} ${kit_env_prefixes})
+  get_filename_component(kit_site "${kit_prefix}/../../.." ABSOLUTE)
+  list(APPEND kit_sites "${kit_site}")
+endforeach()
+foreach(kit_prefix ${Torch_DIR} $ENV{Torch_DIR})
+  get_filename_component(kit_site "${kit_prefix}/../../../.." ABSOLUTE)
+  list(APPEND kit_sites "${kit_site}")
+endforeach()
+foreach(kit_site ${kit_sites})  # .../site-packages
   if(IS_DIRECTORY "${kit_site}/nvidia" AND IS_DIRECTORY "${kit_site}/torch")
     file(GLOB kit_torch_extra_includes LIST_DIRECTORIES true "${kit_site}/nvidia/*/include")
     file(GLOB kit_nvrtc "${kit_site}/nvidia/*/lib/libnvrtc.so.*")
