@@ -1,9 +1,15 @@
 # shellcheck shell=bash
 # Site profile "perlmutter": NERSC Perlmutter, GPU nodes (4 A100 per node, Slingshot network).
 #
-# Once, for every later login: sbatch/account.sh m1234 (your NERSC project; see
-# sbatch/account.sh), or export SBATCH_ACCOUNT=m1234 in each shell. On the login node, once per
-# shell:
+# Once, for every later login: sbatch/account.sh m1234_g (your NERSC project's GPU account; see
+# sbatch/account.sh), or export SBATCH_ACCOUNT=m1234_g in each shell. The _g: NERSC allocates
+# GPU node hours apart from CPU node hours (NERSC's 2022 ERCAP guide, "Separate Allocations for
+# GPU-Accelerated and CPU-Only Resources"), and jobs on the GPU nodes charge the project's
+# GPU account, its name with _g appended (ImpactX's Perlmutter guide, github.com/ECP-WarpX/
+# impactx, docs/source/install/hpc/perlmutter.rst: "Perlmutter GPU projects must end in _g").
+# NERSC's "Queues and Charges" page (docs.nersc.gov/jobs/policy/) only says -A <project>; the
+# accounts you may charge: sacctmgr show associations user=$USER format=account. On the login
+# node, once per shell:
 #     source sbatch/sites/perlmutter.sh        # GPU nodes (-C gpu), QOS regular, the account
 #     kit_site_env                             # the modules, to build with the same LibTorch
 # then:
