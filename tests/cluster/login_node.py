@@ -61,9 +61,10 @@ def as_user(work, site, script):
 ip link set lo up
 if [ -d {hide} ]; then mount --bind {work}/empty {hide}; fi
 exec setpriv --reuid={USER} --regid=$(id -g {USER}) --clear-groups \
-  env -i HOME={home} PATH={path} PYTHONPATH={site} LANG=C.UTF-8 KIT_JOBS=2 sh -c "$1"
+  env -i HOME={home} PATH={path} ${{site:+PYTHONPATH=$site}} LANG=C.UTF-8 KIT_JOBS=2 sh -c "$1"
 """
-    run = subprocess.run(["unshare", "--mount", "--net", "sh", "-c", scene, "scene", script],
+    run = subprocess.run(["unshare", "--mount", "--net", "env", f"site={site}", "sh", "-c", scene,
+                          "scene", script],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=1500)
     return run.returncode, run.stdout
@@ -116,6 +117,15 @@ def main():
     expect("Gloo headers: none needed" in out, "it says how it gets by without Gloo's headers", out)
     expect("final test loss" in out, "the training reaches its end", out)
     expect("apt-get" not in out and "sudo" not in out, "nothing asked for root", out)
+
+    # Bad input: a python3 without torch and no network. One line that names the fix, exit 2,
+    # and no half-made .venv left behind.
+    rc, out = as_user(work, "", "cd ~/kit && KIT_BUILD_DIR=$HOME/build-none ./kit build 2>&1 >/dev/null; "
+                      "echo rc=$?; ls -d .venv 2>/dev/null || echo no-venv")
+    lines = out.strip().splitlines()
+    expect(len(lines) == 3 and lines[1] == "rc=2" and lines[2] == "no-venv"
+           and "load the site's PyTorch module" in lines[0],
+           "no torch and no network: one error line naming the fix, exit 2, no .venv left", out)
 
     todos = subprocess.run([sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"),
                             "todos", "00-collectives", "--json"], capture_output=True, text=True,
