@@ -171,9 +171,10 @@ bool Checkpoints::stop_requested(TrainState& state) {
   if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   bool mine = g_stop_signal != 0 || (stop_after_ > 0 && state.global_step == stop_after_);
   if (everyone()) {
-    // Signals reach the ranks at slightly different moments: agree, so all stop after the same step.
-    auto flag = torch::tensor({mine ? 1.0f : 0.0f});
-    default_group().all_reduce(flag, ReduceOp::MAX);
+    // Signals reach the ranks at slightly different moments: agree, so all stop after the same
+    // step. A host value: kit::control stages it through the rank's device (NCCL moves nothing
+    // else; a CPU tensor here stopped every GPU run at step 1).
+    auto flag = control::all_reduce(default_group(), torch::tensor({mine ? 1.0f : 0.0f}), ReduceOp::MAX);
     mine = flag.item<float>() > 0;
   }
   state.stopped = state.stopped || mine;

@@ -192,9 +192,8 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     for (size_t i : arrived) seen[i] = true;
     for (size_t i = params.size(); i-- > 0;)
       if (!seen[i]) order.push_back(static_cast<int64_t>(i));
-    auto wire = torch::tensor(order, torch::kLong).to(params[0].device());
-    group->broadcast(wire, 0);
-    wire = wire.cpu();
+    // Control traffic (kit::control): staged through the rank's device, back on the host.
+    auto wire = control::broadcast(*group, torch::tensor(order, torch::kLong), 0);
     std::vector<size_t> agreed(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + wire.numel());
     make_buckets(assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes, agreed));
     stats.rebuilt = true;

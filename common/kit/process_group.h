@@ -69,6 +69,10 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& backend() const { return backend_; }  // "gloo" or "nccl"
+  // Where this rank's collectives take their tensors: the current GPU on NCCL, fakegpu:0 under
+  // KIT_DEVICE_CHECK=nccl (kit/device_check.h), the CPU on Gloo. Every collective refuses, in one
+  // line naming the call, a tensor elsewhere on NCCL and under KIT_DEVICE_CHECK=nccl.
+  torch::Device device() const;
 
   // In-place all-reduce of `tensors` (all of them in one collective).
   Work all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op, CallSite site = {});
@@ -93,7 +97,9 @@ class ProcessGroup {
   void barrier(CallSite site = {});
 
   // After shutdown() every collective throws CommError naming the call: destroy_process_group()
-  // calls it, so work after it is one clear error, not a crash on a released connection.
+  // calls it, so work after it is one clear error, not a crash on a released connection. The
+  // backend's own shutdown() runs too (NCCL: its communicators are finalized and its watchdog
+  // stopped, as torch.distributed.destroy_process_group() does).
   void shutdown();
   bool alive() const;
 
@@ -118,13 +124,32 @@ class ProcessGroup {
 
  private:
   // Numbers the call, traces it, counts it; throws if the group is shut down.
+  // `out`: the output tensor of a call that has one, checked for the device like `t`.
   std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
-                                    const CallSite& site);
+                                    const CallSite& site, const torch::Tensor& out = {});
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string backend_;
   int64_t seq_ = 0;
   CommStats stats_;
 };
+
+// Control traffic: small host values the ranks must agree on (a stop flag, a loss sum, an
+// order of buckets, a report of bytes), as opposed to the training's own tensors. Every such
+// exchange in the kit goes through these, and nothing else makes a tensor for a collective on the
+// host: each call copies the values to group.device(), runs the collective there and returns the
+// result on the CPU. That is what torch.distributed does for its object collectives on NCCL, and
+// it is right on both backends (on Gloo the copies are no-ops). Values of any device are taken;
+// the caller's tensor is never modified.
+namespace control {
+// Every rank's `values` reduced element-wise with `op`.
+torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, ReduceOp op,
+                         CallSite site = {});
+// Ranks 0..size-1's `values`, back to back: [size * values.numel()].
+torch::Tensor all_gather(ProcessGroup& group, const torch::Tensor& values, CallSite site = {});
+// Rank `root`'s `values` on every rank (the same shape and dtype on all of them).
+torch::Tensor broadcast(ProcessGroup& group, const torch::Tensor& values, int root,
+                        CallSite site = {});
+}  // namespace control
 
 }  // namespace kit
