@@ -93,11 +93,6 @@ std::string explain(const std::string& error, const Work::Impl& w) {
   return who + " failed: " + first_line(error);
 }
 
-// What the backend is given: the tensor itself, or under KIT_DEVICE_CHECK=nccl a CPU view of its
-// fakegpu memory (Gloo works in place on it).
-torch::Tensor wire(const torch::Tensor& t, const ProcessGroup::Impl& g) {
-  return g.fake_device ? device_check::host_alias(t) : t;
-}
 
 }  // namespace
 
@@ -161,9 +156,24 @@ int64_t kind_id(const char* kind) {
 }
 }  // namespace
 
+// Every tensor handed to the backend passes here, so that NCCL's rule holds by construction: on
+// NCCL (a clearer line than NCCL's own) and on Gloo under KIT_DEVICE_CHECK=nccl, where it is the
+// whole point: a host tensor that works on Gloo would stop the first GPU run. Under the check,
+// Gloo is given a CPU view of the tensor's fakegpu memory, and works in place on it.
+torch::Tensor ProcessGroup::wire(const torch::Tensor& t, const Work::Impl& call) const {
+  if (backend_ != "nccl" && !impl_->fake_device) return t;
+  const torch::Device mine = device();
+  const bool ok = backend_ == "nccl" ? t.is_cuda() : t.device() == mine;
+  if (!ok)
+    throw CommError("rank " + std::to_string(rank_) + ": " + call.what + " was given a tensor on " +
+                    t.device().str() + ", but NCCL moves only tensors on the rank's device (" +
+                    mine.str() + "): make it there, or send host values with kit::control" +
+                    (impl_->fake_device ? " (KIT_DEVICE_CHECK=nccl)" : ""));
+  return impl_->fake_device ? device_check::host_alias(t) : t;
+}
+
 std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::Tensor& t,
-                                                const char* op, const CallSite& site,
-                                                const torch::Tensor& out) {
+                                                const char* op, const CallSite& site) {
   auto w = std::make_shared<Work::Impl>();
   const int64_t seq = ++seq_;
   w->what = std::string(kind) + " #" + std::to_string(seq) + " (" + site.str() + ")";
@@ -173,21 +183,6 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     throw CommError("rank " + std::to_string(rank_) + ": " + w->what +
                     " after destroy_process_group(): the process group is closed. "
                     "destroy_process_group() must be the last kit call of the program");
-  // NCCL's rule, checked here for NCCL (a clearer line than NCCL's own) and for Gloo under
-  // KIT_DEVICE_CHECK=nccl, where it is the whole point: a host tensor that works on Gloo would
-  // stop the first GPU run.
-  if (backend_ == "nccl" || impl_->fake_device) {
-    const torch::Device mine = device();
-    for (const torch::Tensor* x : {&t, &out}) {
-      if (!x->defined()) continue;
-      const bool ok = backend_ == "nccl" ? x->is_cuda() : x->device() == mine;
-      if (!ok)
-        throw CommError("rank " + std::to_string(rank_) + ": " + w->what + " was given a tensor on " +
-                        x->device().str() + ", but NCCL moves only tensors on the rank's device (" +
-                        mine.str() + "): make it there, or send host values with kit::control" +
-                        (impl_->fake_device ? " (KIT_DEVICE_CHECK=nccl)" : ""));
-    }
-  }
   const int64_t bytes = t.defined() ? t.numel() * t.element_size() : 0;
   stats_.calls[kind] += 1;
   stats_.bytes[kind] += bytes;
@@ -210,8 +205,10 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     auto check = std::make_shared<Work::Impl>(*w);
     check->what = w->what + ", comparing it across ranks (KIT_DEBUG_COLLECTIVES)";
     try {
-      auto all_wire = wire(all, *impl_), mine_wire = wire(mine, *impl_);
+      auto all_wire = wire(all, *check), mine_wire = wire(mine, *check);
       check->work = impl_->backend->_allgather_base(all_wire, mine_wire);
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *check));
     }
@@ -261,9 +258,11 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
   w->flat = flat;
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
-  std::vector<torch::Tensor> list{wire(send, *impl_)};
+  std::vector<torch::Tensor> list{wire(send, *w)};
   try {
     w->work = impl_->backend->allreduce(list, opts);
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -276,11 +275,13 @@ void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     w = enter("broadcast", tensor, "-", site);
-    std::vector<torch::Tensor> ts{wire(tensor, *impl_)};
+    std::vector<torch::Tensor> ts{wire(tensor, *w)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     try {
       w->work = impl_->backend->broadcast(ts, opts);
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }
@@ -294,21 +295,23 @@ Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, C
     throw CommError("all_gather (" + site.str() + "): the output must hold world size (" +
                     std::to_string(size_) + ") x the input's " + std::to_string(input.numel()) +
                     " elements of the same dtype, it holds " + std::to_string(output.numel()));
-  auto w = enter("all_gather", input, "-", site, output);
+  auto w = enter("all_gather", input, "-", site);
   auto in = input.contiguous();
   try {
     if (output.is_contiguous()) {
       // One flat buffer for everybody's part (c10d's "allgather into tensor").
-      auto out = wire(output, *impl_), in_wire = wire(in, *impl_);
+      auto out = wire(output, *w), in_wire = wire(in, *w);
       w->work = impl_->backend->_allgather_base(out, in_wire);
     } else {
       std::vector<std::vector<torch::Tensor>> outs(1);
       for (int r = 0; r < size_; ++r) w->gather_list.push_back(torch::empty_like(in));
-      for (auto& o : w->gather_list) outs[0].push_back(wire(o, *impl_));
-      std::vector<torch::Tensor> ins{wire(in, *impl_)};
+      for (auto& o : w->gather_list) outs[0].push_back(wire(o, *w));
+      std::vector<torch::Tensor> ins{wire(in, *w)};
       w->work = impl_->backend->allgather(outs, ins);
       w->gather_into = output;
     }
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -322,15 +325,17 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor inpu
     throw CommError("reduce_scatter (" + site.str() + "): the input must hold world size (" +
                     std::to_string(size_) + ") x the output's " + std::to_string(output.numel()) +
                     " elements of the same dtype, it holds " + std::to_string(input.numel()));
-  auto w = enter("reduce_scatter", input, to_string(op), site, output);
+  auto w = enter("reduce_scatter", input, to_string(op), site);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = to_c10d(op);
   // c10d's flat reduce-scatter (on Gloo an all-reduce inside c10d: kit/compat.h, note 3).
   auto out = output.is_contiguous() ? output : output.contiguous();
   auto in = input.contiguous();
   try {
-    auto out_wire = wire(out, *impl_), in_wire = wire(in, *impl_);
+    auto out_wire = wire(out, *w), in_wire = wire(in, *w);
     w->work = impl_->backend->_reduce_scatter_base(out_wire, in_wire, opts);
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -348,6 +353,8 @@ void ProcessGroup::barrier(CallSite site) {
     w = enter("barrier", torch::Tensor(), "-", site);
     try {
       w->work = impl_->backend->barrier();
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }

@@ -124,9 +124,10 @@ class ProcessGroup {
 
  private:
   // Numbers the call, traces it, counts it; throws if the group is shut down.
-  // `out`: the output tensor of a call that has one, checked for the device like `t`.
   std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
-                                    const CallSite& site, const torch::Tensor& out = {});
+                                    const CallSite& site);
+  // What the backend is given for `t` in `call`: NCCL's device rule checked (see device()).
+  torch::Tensor wire(const torch::Tensor& t, const Work::Impl& call) const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string backend_;
