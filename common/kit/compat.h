@@ -166,6 +166,24 @@ inline bool set_cuda_rng_states([[maybe_unused]] const std::vector<std::string>&
 #endif
 }
 
+// Time on a GPU: NCCL runs the collectives on a stream of its own, and Work::wait() only makes
+// the current stream wait for it, so a host clock around an enqueue or a wait measures nothing.
+// record_gpu_event(device) marks "now" on the device's current stream (nullptr in a CPU build);
+// gpu_seconds(a, b) is the device time between two marks (it waits until b has happened).
+inline std::unique_ptr<c10::Event> record_gpu_event([[maybe_unused]] const c10::Device& device) {
+#if defined(KIT_HAVE_NCCL)
+  auto e = std::make_unique<c10::Event>(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);  // timing on
+  e->record(c10::cuda::getCurrentCUDAStream(device.index()));
+  return e;
+#else
+  return nullptr;
+#endif
+}
+inline double gpu_seconds(const c10::Event& a, const c10::Event& b) {
+  b.synchronize();
+  return a.elapsedTime(b) / 1000.0;
+}
+
 }  // namespace kit::compat
 
 namespace kit {
