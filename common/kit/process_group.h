@@ -11,6 +11,10 @@
 // its tensor's shape and dtype and the line of the trainer that called it, so that `kit check`
 // can compare the ranks' sequences when a run hangs: every rank must call every collective, in
 // the same order, with the same shapes.
+//
+// NCCL moves only tensors on the rank's GPU. Every tensor handed to the backend passes one check
+// of that rule (on NCCL, and on Gloo under KIT_DEVICE_CHECK=nccl, kit/device_check.h), and host
+// values travel only through kit::control (below), which stages them through device().
 #pragma once
 
 #include <chrono>
