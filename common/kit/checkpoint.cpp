@@ -18,6 +18,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include "kit/compat.h"
 #include "kit/distributed.h"
 #include "kit/files.h"
 #include "kit/trace.h"
@@ -105,6 +106,38 @@ void set_rng_state_bytes(const std::string& bytes) {
   gen.set_state(t);
 }
 
+// The CUDA generators of this process's GPUs (dropout on a GPU draws from them, not from the CPU
+// generator): "kit-cuda-rng 1 <n>\n", then per GPU "<bytes>\n" and the bytes. "" without GPUs.
+std::string cuda_rng_bytes() {
+  auto states = compat::cuda_rng_states();
+  if (states.empty()) return "";
+  std::string out = "kit-cuda-rng 1 " + std::to_string(states.size()) + "\n";
+  for (auto& st : states) out += std::to_string(st.size()) + "\n" + st;
+  return out;
+}
+
+// Reads cuda_rng_bytes() into `states`; the reason in words when they do not fit this process
+// (another number of GPUs), else "".
+std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states) {
+  std::istringstream in(bytes);
+  std::string magic;
+  int version = 0;
+  size_t n = 0;
+  if (!(in >> magic >> version >> n) || magic != "kit-cuda-rng" || version != 1 || in.get() != '\n')
+    return "its CUDA random state is damaged";
+  states.assign(n, "");
+  for (auto& st : states) {
+    size_t size = 0;
+    if (!(in >> size) || in.get() != '\n') return "its CUDA random state is damaged";
+    st.resize(size);
+    if (!in.read(st.data(), static_cast<std::streamsize>(size))) return "its CUDA random state is damaged";
+  }
+  if (states.size() != compat::cuda_rng_states().size())
+    return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
+           std::to_string(compat::cuda_rng_states().size()) + " (a bit-exact resume needs the same GPUs)";
+  return "";
+}
+
 bool everyone() { return is_initialized() && get_world_size() > 1; }
 
 // Pairs (the model's tensor, the saved tensor), following Module::save's layout: a module's own
@@ -171,9 +204,10 @@ bool Checkpoints::stop_requested(TrainState& state) {
   if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   bool mine = g_stop_signal != 0 || (stop_after_ > 0 && state.global_step == stop_after_);
   if (everyone()) {
-    // Signals reach the ranks at slightly different moments: agree, so all stop after the same step.
-    auto flag = torch::tensor({mine ? 1.0f : 0.0f});
-    default_group().all_reduce(flag, ReduceOp::MAX);
+    // Signals reach the ranks at slightly different moments: agree, so all stop after the same
+    // step. A host value: kit::control stages it through the rank's device (NCCL moves nothing
+    // else; a CPU tensor here stopped every GPU run at step 1).
+    auto flag = control::all_reduce(default_group(), torch::tensor({mine ? 1.0f : 0.0f}), ReduceOp::MAX);
     mine = flag.item<float>() > 0;
   }
   state.stopped = state.stopped || mine;
@@ -213,6 +247,10 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
 
   // Each rank: its own random-number state (dropout masks differ per rank).
   write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
+  // ... and its GPUs' (a CUDA build with GPUs: rank 0 lists the file of every rank if it has one).
+  const std::string cuda_rng = cuda_rng_bytes();
+  if (!cuda_rng.empty())
+    write_atomically(tmp + "/cuda-rng-rank" + std::to_string(rank) + ".bin", cuda_rng, "checkpoint");
   // Each rank's own loss sum of the epoch so far (the ranks see different batches), gathered into
   // one vector: entry r is rank r's sum, exactly (the other ranks add zeros). Saving rank 0's sum
   // for everybody made the resumed epoch's mean train loss differ from the uninterrupted run's.
@@ -250,6 +288,8 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     m << kMagic << "\nconfig " << fingerprint_ << "\nworld_size " << world << "\n";
     std::vector<std::string> files{"state.pt"};
     for (int r = 0; r < world; ++r) files.push_back("rng-rank" + std::to_string(r) + ".bin");
+    if (!cuda_rng.empty())
+      for (int r = 0; r < world; ++r) files.push_back("cuda-rng-rank" + std::to_string(r) + ".bin");
     for (auto& f : files) {
       std::string bytes = read_file(tmp + "/" + f);
       m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
@@ -325,6 +365,14 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     refuse("was written by " + std::to_string(world) + " ranks; this run has " +
            std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)");
 
+  // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
+  std::vector<std::string> cuda_states;
+  const std::string cuda_rng = "cuda-rng-rank" + std::to_string(get_rank()) + ".bin";
+  const bool has_cuda_rng = std::find(files.begin(), files.end(), cuda_rng) != files.end();
+  if (has_cuda_rng)
+    if (std::string why = parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states); !why.empty())
+      refuse(why);
+
   // 2. Load: the shared state from state.pt, this rank's RNG from its own file.
   try {
     torch::serialize::InputArchive archive, model_archive, optimizer_archive;
@@ -361,6 +409,7 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));
   }
   set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
+  if (has_cuda_rng) compat::set_cuda_rng_states(cuda_states);
   trace::record("resume", all.back());
   print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
          static_cast<long>(state.global_step));

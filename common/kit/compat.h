@@ -115,6 +115,78 @@ inline std::string gpu_name([[maybe_unused]] int index) {
 #endif
 }
 
+// 7. The NCCL path's version-dependent calls (and the CUDA parts it needs), each in one helper.
+// c10d::Backend::shutdown(): ProcessGroupNCCL finalizes its communicators and stops its watchdog
+// (torch.distributed.destroy_process_group() calls it); a no-op on Gloo. Present in 2.13 and
+// 2.14; a LibTorch without it would get its shim here.
+inline void shutdown_backend(Backend& backend) { backend.shutdown(); }
+
+// NCCL's asynchronous error handling: a collective that fails or times out ends the process
+// (c10d's watchdog aborts it: SIGABRT, which ddprun names) instead of hanging it. 2.13 and 2.14
+// read TORCH_NCCL_ASYNC_ERROR_HANDLING (older: NCCL_ASYNC_ERROR_HANDLING) when the group is made;
+// 1 = abort the communicators, then the process. A value the user set is kept.
+inline void nccl_async_error_handling() {
+  if (std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
+      std::getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr)
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+}
+
+#if defined(KIT_HAVE_NCCL)
+inline c10::Device current_cuda_device() {
+  return c10::Device(c10::kCUDA, c10::cuda::current_device());
+}
+#endif
+
+// The state of every visible GPU's default generator (dropout on a GPU draws from it), one byte
+// string per GPU; none in a CPU build or without a GPU.
+inline std::vector<std::string> cuda_rng_states() {
+  std::vector<std::string> states;
+#if defined(KIT_HAVE_NCCL)
+  for (c10::DeviceIndex i = 0; i < c10::cuda::device_count(); ++i) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto t = gen.get_state();
+    states.emplace_back(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+  }
+#endif
+  return states;
+}
+// Restores what cuda_rng_states() returned: false (nothing changed) when it does not fit this
+// process's GPUs.
+inline bool set_cuda_rng_states([[maybe_unused]] const std::vector<std::string>& states) {
+#if defined(KIT_HAVE_NCCL)
+  if (static_cast<int64_t>(states.size()) != c10::cuda::device_count()) return false;
+  for (size_t i = 0; i < states.size(); ++i) {
+    auto t = at::empty({static_cast<int64_t>(states[i].size())}, at::kByte);
+    std::memcpy(t.data_ptr(), states[i].data(), states[i].size());
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(t);
+  }
+  return true;
+#else
+  return states.empty();
+#endif
+}
+
+// Time on a GPU: NCCL runs the collectives on a stream of its own, and Work::wait() only makes
+// the current stream wait for it, so a host clock around an enqueue or a wait measures nothing.
+// record_gpu_event(device) marks "now" on the device's current stream (nullptr in a CPU build);
+// gpu_seconds(a, b) is the device time between two marks (it waits until b has happened).
+inline std::unique_ptr<c10::Event> record_gpu_event([[maybe_unused]] const c10::Device& device) {
+#if defined(KIT_HAVE_NCCL)
+  auto e = std::make_unique<c10::Event>(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);  // timing on
+  e->record(c10::cuda::getCurrentCUDAStream(device.index()));
+  return e;
+#else
+  return nullptr;
+#endif
+}
+inline double gpu_seconds(const c10::Event& a, const c10::Event& b) {
+  b.synchronize();
+  return a.elapsedTime(b) / 1000.0;
+}
+
 }  // namespace kit::compat
 
 namespace kit {

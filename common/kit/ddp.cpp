@@ -66,8 +66,24 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   bool finalizer_queued = false;
   Clock::time_point first_launch;
   double copy_seconds = 0;       // this step's
+  // On a GPU the wait and reduce times are device time (compat::record_gpu_event): marks on the
+  // current stream at the first launch, before the waits and after them, read one step later
+  // (or by stats()) so that no step waits for the GPU just to time itself.
+  std::unique_ptr<c10::Event> launch_mark, wait_mark, done_mark;
   DDPStats stats;
   std::mutex mutex;
+
+  // A GPU step's times, from its marks (a no-op without pending marks, e.g. on the CPU).
+  void settle() {
+    if (!done_mark || !wait_mark || !launch_mark) return;
+    const double waited = compat::gpu_seconds(*wait_mark, *done_mark);
+    stats.wait_seconds += waited;
+    stats.last_wait_seconds = waited;
+    stats.last_reduce_seconds = compat::gpu_seconds(*launch_mark, *done_mark);
+    launch_mark.reset();
+    wait_mark.reset();
+    done_mark.reset();
+  }
 
   // Lays the buckets out (construction, and once more at the rebuild). A gradient that exists
   // already (made before DDP, or living in the old buckets) moves into its new place.
@@ -103,7 +119,10 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
 
   void launch_ready_buckets() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      if (next_launch == 0) first_launch = Clock::now();
+      if (next_launch == 0) {
+        first_launch = Clock::now();
+        if (params[0].is_cuda()) launch_mark = compat::record_gpu_event(params[0].device());
+      }
       Bucket& b = buckets[next_launch++];
       b.work = std::make_unique<Work>(group->all_reduce_async({b.flat}, ReduceOp::AVG));
       stats.all_reduces++;
@@ -156,9 +175,13 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
         --buckets[bucket_of[i]].pending;
       }
     launch_ready_buckets();
+    settle();  // the previous step's GPU times, long since recorded
+    const bool gpu = params[0].is_cuda();
+    if (gpu) wait_mark = compat::record_gpu_event(params[0].device());
     auto start = Clock::now();
     for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
     const double waited = seconds_since(start);
+    if (gpu) done_mark = compat::record_gpu_event(params[0].device());
 
     for (auto& b : buckets) {
       b.pending = b.params.size();
@@ -168,10 +191,12 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     next_launch = 0;
     finalizer_queued = false;
     stats.steps++;
-    stats.wait_seconds += waited;
-    stats.last_wait_seconds = waited;
+    if (!gpu) {  // on a GPU: settle()
+      stats.wait_seconds += waited;
+      stats.last_wait_seconds = waited;
+      stats.last_reduce_seconds = seconds_since(first_launch);
+    }
     stats.last_copy_seconds = copy_seconds;
-    stats.last_reduce_seconds = seconds_since(first_launch);
     stats.last_reduce_bytes = bucket_bytes;
     copy_seconds = 0;
     if (trace::enabled())
@@ -192,9 +217,8 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     for (size_t i : arrived) seen[i] = true;
     for (size_t i = params.size(); i-- > 0;)
       if (!seen[i]) order.push_back(static_cast<int64_t>(i));
-    auto wire = torch::tensor(order, torch::kLong).to(params[0].device());
-    group->broadcast(wire, 0);
-    wire = wire.cpu();
+    // Control traffic (kit::control): staged through the rank's device, back on the host.
+    auto wire = control::broadcast(*group, torch::tensor(order, torch::kLong), 0);
     std::vector<size_t> agreed(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + wire.numel());
     make_buckets(assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes, agreed));
     stats.rebuilt = true;
@@ -304,7 +328,11 @@ DistributedDataParallel::NoSync::~NoSync() {
 
 DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(reducer_); }
 
-const DDPStats& DistributedDataParallel::stats() const { return reducer_->stats; }
+const DDPStats& DistributedDataParallel::stats() const {
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->settle();
+  return reducer_->stats;
+}
 const std::vector<std::vector<size_t>>& DistributedDataParallel::buckets() const {
   return reducer_->assignment;
 }

@@ -21,6 +21,7 @@
 #include <torch/utils.h>
 
 #include "kit/compat.h"
+#include "kit/device_check.h"
 #include "kit/env.h"
 #include "kit/files.h"
 #include "kit/trace.h"
@@ -236,6 +237,19 @@ Setup setup(uint64_t seed) {
   if (device.is_cuda()) compat::set_cuda_device(device.index());
 #endif
 
+  // KIT_DEVICE_CHECK=nccl (kit/device_check.h): the trainer's device is fakegpu:0 and the group
+  // applies NCCL's device rule on Gloo, so that CPU CI sees a host tensor NCCL would refuse.
+  bool check_devices = false;
+  try {
+    check_devices = device_check::enabled();
+  } catch (const std::exception& e) {
+    throw SetupError(e.what());
+  }
+  if (check_devices && backend != "gloo")
+    throw SetupError("KIT_DEVICE_CHECK=nccl imitates NCCL on Gloo; on a GPU with NCCL it has "
+                     "nothing to check: leave it unset, or set KIT_BACKEND=gloo");
+  const torch::Device rank_device = check_devices ? device_check::device() : device;
+
   c10::intrusive_ptr<c10d::Store> store;
   if (env.world_size == 1 && env.master_port == 0)
     store = c10::make_intrusive<c10d::HashStore>();  // alone: nobody to meet
@@ -265,13 +279,13 @@ Setup setup(uint64_t seed) {
   if (trace::enabled()) {
     trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
                                std::to_string(env.local_rank) + " world_size=" +
-                               std::to_string(env.world_size) + " device=" + device.str() +
+                               std::to_string(env.world_size) + " device=" + rank_device.str() +
                                " backend=" + backend + " timeout_s=" +
                                std::to_string(timeout.count() / 1000) + " threads=" + std::to_string(threads) +
                                " seed=" + std::to_string(seed));
     std::atexit(record_exit);
   }
-  return Setup{env.local_rank, env.rank, device, env.world_size};
+  return Setup{env.local_rank, env.rank, rank_device, env.world_size};
 }
 
 bool is_initialized() { return static_cast<bool>(g_group); }

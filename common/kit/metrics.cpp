@@ -281,16 +281,14 @@ void Metrics::end_epoch(int64_t epoch) {
                                     " device=" + device_name(me) + " host=" + me.host);
   epoch_steps_ = 0;
 
-  // Everybody's figures to rank 0: one all_gather of the reports as bytes (on the GPU when the
-  // group is NCCL, which moves only GPU tensors).
+  // Everybody's figures to rank 0: one all_gather of the reports as bytes (control traffic:
+  // kit::control stages it through the rank's device, which is all NCCL moves).
   const int n = get_world_size();
   std::vector<RankReport> all(n);
   if (n > 1) {
-    auto mine = torch::from_blob(&me, {static_cast<int64_t>(sizeof me)}, torch::kUInt8).clone();
-    if (default_group().backend() == "nccl") mine = mine.to(device_);
-    auto gathered = torch::empty({n * static_cast<int64_t>(sizeof me)}, mine.options());
-    all_gather(gathered, mine);
-    std::memcpy(all.data(), gathered.cpu().data_ptr(), n * sizeof me);
+    auto mine = torch::from_blob(&me, {static_cast<int64_t>(sizeof me)}, torch::kUInt8);
+    auto gathered = control::all_gather(default_group(), mine);
+    std::memcpy(all.data(), gathered.data_ptr(), n * sizeof me);
   } else {
     all[0] = me;
   }

@@ -10,6 +10,7 @@
 #include <torch/cuda.h>
 
 #include "kit/compat.h"
+#include "kit/device_check.h"
 #include "kit/trace.h"
 
 namespace kit {
@@ -32,6 +33,7 @@ struct ProcessGroup::Impl {
   std::chrono::milliseconds timeout{0};
   bool alive = true;
   bool debug = false;  // KIT_DEBUG_COLLECTIVES=1: compare every call across ranks first
+  bool fake_device = false;  // KIT_DEVICE_CHECK=nccl: tensors live on fakegpu, Gloo gets aliases
   std::mutex mutex;    // DDP's hooks start collectives from autograd's threads
 };
 
@@ -91,6 +93,7 @@ std::string explain(const std::string& error, const Work::Impl& w) {
   return who + " failed: " + first_line(error);
 }
 
+
 }  // namespace
 
 void Work::wait() {
@@ -114,6 +117,17 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::
     : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)) {
   const char* debug = std::getenv("KIT_DEBUG_COLLECTIVES");
   impl_->debug = debug && std::strcmp(debug, "1") == 0 && size_ > 1;
+  impl_->fake_device = backend_ == "gloo" && device_check::enabled();
+}
+
+torch::Device ProcessGroup::device() const {
+#if defined(KIT_HAVE_NCCL)
+  // What torch.distributed stages object collectives through on NCCL: the current GPU, which
+  // setup() selects (and each rank's thread does in local_groups()).
+  if (backend_ == "nccl") return compat::current_cuda_device();
+#endif
+  if (impl_->fake_device) return device_check::device();
+  return torch::Device(torch::kCPU);
 }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -123,6 +137,7 @@ bool ProcessGroup::alive() const { return impl_->alive; }
 void ProcessGroup::shutdown() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->alive = false;
+  if (impl_->backend) compat::shutdown_backend(*impl_->backend);
   impl_->backend.reset();
 }
 
@@ -140,6 +155,22 @@ int64_t kind_id(const char* kind) {
   return -1;
 }
 }  // namespace
+
+// Every tensor handed to the backend passes here, so that NCCL's rule holds by construction: on
+// NCCL (a clearer line than NCCL's own) and on Gloo under KIT_DEVICE_CHECK=nccl, where it is the
+// whole point: a host tensor that works on Gloo would stop the first GPU run. Under the check,
+// Gloo is given a CPU view of the tensor's fakegpu memory, and works in place on it.
+torch::Tensor ProcessGroup::wire(const torch::Tensor& t, const Work::Impl& call) const {
+  if (backend_ != "nccl" && !impl_->fake_device) return t;
+  const torch::Device mine = device();
+  const bool ok = backend_ == "nccl" ? t.is_cuda() : t.device() == mine;
+  if (!ok)
+    throw CommError("rank " + std::to_string(rank_) + ": " + call.what + " was given a tensor on " +
+                    t.device().str() + ", but NCCL moves only tensors on the rank's device (" +
+                    mine.str() + "): make it there, or send host values with kit::control" +
+                    (impl_->fake_device ? " (KIT_DEVICE_CHECK=nccl)" : ""));
+  return impl_->fake_device ? device_check::host_alias(t) : t;
+}
 
 std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::Tensor& t,
                                                 const char* op, const CallSite& site) {
@@ -166,15 +197,18 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     int64_t opid = -1;
     for (ReduceOp o : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::MIN})
       if (std::strcmp(op, to_string(o)) == 0) opid = static_cast<int64_t>(o);
+    // Control traffic: made on the host, staged through the rank's device (a barrier has no
+    // tensor to take the device from, and NCCL moves nothing else).
     auto mine = torch::tensor({seq, kind_id(kind), opid, numel, dtype, static_cast<int64_t>(site.line)},
-                              torch::TensorOptions().dtype(torch::kLong).device(
-                                  t.defined() ? t.device() : torch::Device(torch::kCPU)));
+                              torch::kLong).to(device());
     auto all = torch::empty({size_ * kFields}, mine.options());
-    std::vector<torch::Tensor> out{all}, in{mine};
     auto check = std::make_shared<Work::Impl>(*w);
     check->what = w->what + ", comparing it across ranks (KIT_DEBUG_COLLECTIVES)";
     try {
-      check->work = impl_->backend->_allgather_base(all, mine);
+      auto all_wire = wire(all, *check), mine_wire = wire(mine, *check);
+      check->work = impl_->backend->_allgather_base(all_wire, mine_wire);
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *check));
     }
@@ -224,9 +258,11 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
   w->flat = flat;
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
-  std::vector<torch::Tensor> list{send};
+  std::vector<torch::Tensor> list{wire(send, *w)};
   try {
     w->work = impl_->backend->allreduce(list, opts);
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -239,11 +275,13 @@ void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     w = enter("broadcast", tensor, "-", site);
-    std::vector<torch::Tensor> ts{tensor};
+    std::vector<torch::Tensor> ts{wire(tensor, *w)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     try {
       w->work = impl_->backend->broadcast(ts, opts);
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }
@@ -262,15 +300,18 @@ Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, C
   try {
     if (output.is_contiguous()) {
       // One flat buffer for everybody's part (c10d's "allgather into tensor").
-      w->work = impl_->backend->_allgather_base(output, in);
+      auto out = wire(output, *w), in_wire = wire(in, *w);
+      w->work = impl_->backend->_allgather_base(out, in_wire);
     } else {
       std::vector<std::vector<torch::Tensor>> outs(1);
-      for (int r = 0; r < size_; ++r) outs[0].push_back(torch::empty_like(in));
-      std::vector<torch::Tensor> ins{in};
+      for (int r = 0; r < size_; ++r) w->gather_list.push_back(torch::empty_like(in));
+      for (auto& o : w->gather_list) outs[0].push_back(wire(o, *w));
+      std::vector<torch::Tensor> ins{wire(in, *w)};
       w->work = impl_->backend->allgather(outs, ins);
-      w->gather_list = outs[0];
       w->gather_into = output;
     }
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -291,7 +332,10 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor inpu
   auto out = output.is_contiguous() ? output : output.contiguous();
   auto in = input.contiguous();
   try {
-    w->work = impl_->backend->_reduce_scatter_base(out, in, opts);
+    auto out_wire = wire(out, *w), in_wire = wire(in, *w);
+    w->work = impl_->backend->_reduce_scatter_base(out_wire, in_wire, opts);
+  } catch (const CommError&) {  // already one line naming the call (wire())
+    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -309,12 +353,44 @@ void ProcessGroup::barrier(CallSite site) {
     w = enter("barrier", torch::Tensor(), "-", site);
     try {
       w->work = impl_->backend->barrier();
+    } catch (const CommError&) {  // already one line naming the call (wire())
+      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }
   }
   Work(w).wait();
 }
+
+namespace control {
+namespace {
+// The values on the group's device, in a buffer of their own (the collective writes into it).
+torch::Tensor staged(ProcessGroup& group, const torch::Tensor& values) {
+  return values.detach().to(group.device(), /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+}  // namespace
+
+torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, ReduceOp op,
+                         CallSite site) {
+  auto t = staged(group, values);
+  group.all_reduce(t, op, site);
+  return t.cpu();
+}
+
+torch::Tensor all_gather(ProcessGroup& group, const torch::Tensor& values, CallSite site) {
+  auto t = staged(group, values);
+  auto all = torch::empty({group.size() * t.numel()}, t.options());
+  group.all_gather(all, t, site);
+  return all.cpu();
+}
+
+torch::Tensor broadcast(ProcessGroup& group, const torch::Tensor& values, int root,
+                        CallSite site) {
+  auto t = staged(group, values);
+  group.broadcast(t, root, site);
+  return t.cpu();
+}
+}  // namespace control
 
 bool ProcessGroup::nccl_built() { return compat::kHaveNccl; }
 
@@ -360,6 +436,7 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::local_groups(
           // for every rank. (The current device is per thread: the thread that later calls
           // rank r's collectives selects cuda:r itself.)
           compat::set_cuda_device(r);
+          compat::nccl_async_error_handling();
           impl->backend = compat::make_nccl(store, r, n, timeout);
         }
 #endif
@@ -384,7 +461,10 @@ std::shared_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::
   impl->store = store;
   impl->timeout = timeout;
 #if defined(KIT_HAVE_NCCL)
-  if (backend == "nccl") impl->backend = compat::make_nccl(store, rank, size, timeout);
+  if (backend == "nccl") {
+    compat::nccl_async_error_handling();  // before the group reads it
+    impl->backend = compat::make_nccl(store, rank, size, timeout);
+  }
 #endif
   if (backend == "gloo") impl->backend = compat::make_gloo(store, rank, size, timeout);
   if (!impl->backend) throw CommError("backend '" + backend + "' is not available in this LibTorch");

@@ -11,6 +11,10 @@
 // its tensor's shape and dtype and the line of the trainer that called it, so that `kit check`
 // can compare the ranks' sequences when a run hangs: every rank must call every collective, in
 // the same order, with the same shapes.
+//
+// NCCL moves only tensors on the rank's GPU. Every tensor handed to the backend passes one check
+// of that rule (on NCCL, and on Gloo under KIT_DEVICE_CHECK=nccl, kit/device_check.h), and host
+// values travel only through kit::control (below), which stages them through device().
 #pragma once
 
 #include <chrono>
@@ -69,6 +73,10 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& backend() const { return backend_; }  // "gloo" or "nccl"
+  // Where this rank's collectives take their tensors: the current GPU on NCCL, fakegpu:0 under
+  // KIT_DEVICE_CHECK=nccl (kit/device_check.h), the CPU on Gloo. Every collective refuses, in one
+  // line naming the call, a tensor elsewhere on NCCL and under KIT_DEVICE_CHECK=nccl.
+  torch::Device device() const;
 
   // In-place all-reduce of `tensors` (all of them in one collective).
   Work all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op, CallSite site = {});
@@ -93,7 +101,9 @@ class ProcessGroup {
   void barrier(CallSite site = {});
 
   // After shutdown() every collective throws CommError naming the call: destroy_process_group()
-  // calls it, so work after it is one clear error, not a crash on a released connection.
+  // calls it, so work after it is one clear error, not a crash on a released connection. The
+  // backend's own shutdown() runs too (NCCL: its communicators are finalized and its watchdog
+  // stopped, as torch.distributed.destroy_process_group() does).
   void shutdown();
   bool alive() const;
 
@@ -120,11 +130,31 @@ class ProcessGroup {
   // Numbers the call, traces it, counts it; throws if the group is shut down.
   std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
                                     const CallSite& site);
+  // What the backend is given for `t` in `call`: NCCL's device rule checked (see device()).
+  torch::Tensor wire(const torch::Tensor& t, const Work::Impl& call) const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string backend_;
   int64_t seq_ = 0;
   CommStats stats_;
 };
+
+// Control traffic: small host values the ranks must agree on (a stop flag, a loss sum, an
+// order of buckets, a report of bytes), as opposed to the training's own tensors. Every such
+// exchange in the kit goes through these, and nothing else makes a tensor for a collective on the
+// host: each call copies the values to group.device(), runs the collective there and returns the
+// result on the CPU. That is what torch.distributed does for its object collectives on NCCL, and
+// it is right on both backends (on Gloo the copies are no-ops). Values of any device are taken;
+// the caller's tensor is never modified.
+namespace control {
+// Every rank's `values` reduced element-wise with `op`.
+torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, ReduceOp op,
+                         CallSite site = {});
+// Ranks 0..size-1's `values`, back to back: [size * values.numel()].
+torch::Tensor all_gather(ProcessGroup& group, const torch::Tensor& values, CallSite site = {});
+// Rank `root`'s `values` on every rank (the same shape and dtype on all of them).
+torch::Tensor broadcast(ProcessGroup& group, const torch::Tensor& values, int root,
+                        CallSite site = {});
+}  // namespace control
 
 }  // namespace kit

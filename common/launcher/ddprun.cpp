@@ -91,7 +91,8 @@ const char* const kUsage =
     "exit status:\n"
     "  0        every rank exited with status 0\n"
     "  1        a rank exited with a non-zero status; the others were stopped\n"
-    "  128+S    a rank was killed by signal S (e.g. 137 for SIGKILL, 139 for SIGSEGV),\n"
+    "  128+S    a rank was killed by signal S (e.g. 137 for SIGKILL, 139 for SIGSEGV,\n"
+    "           134 for SIGABRT: a rank that aborted, as NCCL's watchdog does),\n"
     "           or ddprun itself received SIGINT/SIGTERM (130/143) and stopped the job.\n"
     "           Only the first failure counts: ranks that die because ddprun stopped\n"
     "           them do not change the status.\n"
@@ -778,6 +779,12 @@ void Launcher::give_verdict() {
   std::string how = r.exit_signal != 0 ? "killed by signal " + std::to_string(r.exit_signal) +
                                              " (" + signal_name(r.exit_signal) + ")"
                                        : "exited with code " + std::to_string(r.exit_code);
+  // SIGABRT is a rank ending itself. On GPUs that is most often c10d's NCCL watchdog (with
+  // asynchronous error handling on, as the kit sets it): a collective timed out or failed, and
+  // the watchdog aborted the rank rather than leave it hanging. The rank's stderr says which.
+  if (r.exit_signal == SIGABRT)
+    how += ": the rank aborted itself (on GPUs usually NCCL's watchdog, after a collective timed "
+           "out or failed: see the rank's stderr above)";
   int others = count_running();
   std::string next = others == 0 ? "no other rank is running"
                                  : "stopping the other " + std::to_string(others) +

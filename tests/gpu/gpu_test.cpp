@@ -8,7 +8,12 @@
 //   * Ex01OnGpus       exercise 01's solution under ddprun, one process per GPU: every rank
 //                      drives cuda:LOCAL_RANK with NCCL and the run finishes;
 //   * NcclGroups       where NCCL cannot run, asking for it is refused with the reason (this
-//                      one runs on every machine).
+//                      one runs on every machine);
+//   * NcclCollectives.ControlTrafficGoesThroughTheGpu  kit::control over NCCL, a host tensor
+//                      refused in one line, shutdown();
+//   * NcclDDP          also: DDP's wait/reduce times are CUDA-event device times;
+//   * Ex01OnGpus.StopAndResumeIsBitExactWithDropoutOnTheGpu  stop, resume (CUDA generators in
+//                      the checkpoint): the uninterrupted run's losses and model, bit for bit.
 //
 // The in-process ranks are threads, one per GPU (NCCL cannot put two ranks of one group on the
 // same GPU), so the world size is the number of visible GPUs; a world of one on a single GPU
@@ -108,6 +113,39 @@ TEST(NcclGroups, MoreRanksThanGpusAreRefusedWithTheReason) {
 // ---------------------------------------------------------------------------------------------
 // Collectives on NCCL, one rank per GPU
 // ---------------------------------------------------------------------------------------------
+
+// kit::control, the one path of host values (stop flags, reports, descriptors): staged through
+// the rank's GPU and back. A host tensor handed to a collective directly is one line naming the
+// call (what KIT_DEVICE_CHECK=nccl imitates on CPU CI), and after shutdown() (NCCL's own
+// shutdown() included) a collective is a CommError, not a crash.
+TEST(NcclCollectives, ControlTrafficGoesThroughTheGpu) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  on_gpu_ranks(n, [n](kit::ProcessGroup& g, torch::Device device) {
+    const int r = g.rank();
+    EXPECT_EQ(g.device(), device) << "rank " << r;
+    auto sum = kit::control::all_reduce(g, torch::tensor({1.0f, float(r)}), kit::ReduceOp::SUM);
+    EXPECT_TRUE(sum.device().is_cpu());
+    expect_on(sum, torch::Device(torch::kCPU), torch::tensor({float(n), n * (n - 1) / 2.0f}), r,
+              "control::all_reduce");
+    auto all = kit::control::all_gather(g, torch::tensor({int64_t(r)}));
+    expect_on(all.to(torch::kFloat), torch::Device(torch::kCPU),
+              torch::arange(n, torch::kFloat), r, "control::all_gather");
+    auto root = kit::control::broadcast(g, torch::tensor({int64_t(10 + r)}), 0);
+    EXPECT_EQ(root.item<int64_t>(), 10) << "rank " << r;
+    auto host = torch::ones({2});
+    try {
+      g.all_reduce(host, kit::ReduceOp::SUM);
+      ADD_FAILURE() << "rank " << r << ": a host tensor went into an NCCL all_reduce";
+    } catch (const kit::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("was given a tensor on cpu"), std::string::npos) << e.what();
+    }
+    g.barrier();
+    g.shutdown();
+    auto t = torch::ones({1}, device);
+    EXPECT_THROW(g.all_reduce(t, kit::ReduceOp::SUM), kit::CommError);
+  });
+}
 
 TEST(NcclCollectives, AllReduceSumAvgMaxMin) {
   SKIP_UNLESS_NCCL(1);
@@ -303,6 +341,15 @@ TEST_P(NcclDDP, MatchesOneProcessOnTheWholeBatch) {
     std::vector<torch::Tensor> mine;
     for (auto& b : batches) mine.push_back(b.narrow(0, r * kPerRank, kPerRank));
     train(models[r], mine, &ddp, runs[r]);
+    // DDP's times on a GPU are device time from CUDA events (a host clock around NCCL's enqueue
+    // measures nothing): the reduce (first launch to done) contains the wait (after backward to
+    // done), and both are real, finite times.
+    const kit::DDPStats& s = ddp.stats();
+    EXPECT_GT(s.last_reduce_seconds, 0) << "rank " << r;
+    EXPECT_GE(s.last_wait_seconds, 0) << "rank " << r;
+    EXPECT_GE(s.last_reduce_seconds, s.last_wait_seconds) << "rank " << r;
+    EXPECT_LT(s.last_reduce_seconds, 10) << "rank " << r;
+    EXPECT_GE(s.wait_seconds, s.last_wait_seconds) << "rank " << r;
   });
 
   for (int r = 0; r < n; ++r) {
@@ -402,6 +449,60 @@ TEST(Ex01OnGpus, EveryRankDrivesItsOwnGpuWithNccl) {
   EXPECT_EQ(run.err.find("no GPU"), std::string::npos) << run;
   EXPECT_EQ(run.out.find("share cuda:"), std::string::npos) << "two ranks on one GPU\n" << run;
   EXPECT_TRUE(fs::exists(dir.path / "run" / "model-final.pt")) << run;
+}
+
+// Stop after step 3 (KIT_STOP_AFTER_STEP, KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug
+// descriptors go over NCCL), resume, finish: with dropout, which on a GPU draws from the CUDA
+// generator, the losses and model-final.pt are the uninterrupted run's, bit for bit. Before the
+// checkpoints held the CUDA generators, the resumed run drew other dropout masks; before
+// kit::control, the stop flag (a CPU tensor) ended the run at step 1.
+TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus();
+  kit_test::TempDir dir("kit-gpu", "KIT_GPU_KEEP");
+  const std::string tag = "kit-gpu-" + std::to_string(::getpid());
+  auto env = [&](std::map<std::string, std::string> extra) {
+    extra["KIT_TIMEOUT"] = "120";
+    return kit_test::clean_env("KIT_GPU_TEST_TAG", tag, extra);
+  };
+  std::vector<std::string> corpus = {MAKE_CORPUS_EXE, "--out", (dir.path / "data").string()};
+  corpus.insert(corpus.end(), kCorpusFlags.begin(), kCorpusFlags.end());
+  ASSERT_EQ(kit_test::Process(corpus, env({}), dir.path, "make_corpus").wait(60).exit_code, 0);
+  auto job = [&](const std::string& out) {
+    std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", std::to_string(n), "--",
+                                     TRAINER_EXE, "--data-dir", (dir.path / "data").string(),
+                                     "--out-dir", (dir.path / out).string()};
+    argv.insert(argv.end(), kRunFlags.begin(), kRunFlags.end());
+    argv.insert(argv.end(), {"--dropout", "0.2", "--max-steps", "6"});  // the last flag wins
+    return argv;
+  };
+  auto run = [&](const std::string& out, const std::map<std::string, std::string>& extra) {
+    return kit_test::Process(job(out), env(extra), dir.path, out).wait(540);
+  };
+  kit_test::Result whole = run("whole", {});
+  ASSERT_EQ(whole.exit_code, 0) << whole;
+  kit_test::Result stop = run("parts", {{"KIT_STOP_AFTER_STEP", "3"}, {"KIT_DEBUG_COLLECTIVES", "1"}});
+  ASSERT_EQ(stop.exit_code, 0) << stop;
+  ASSERT_NE(stop.out.find("stopping after step 3"), std::string::npos) << stop;
+  EXPECT_TRUE(fs::exists(dir.path / "parts" / "checkpoints" / "step-000000003" / "cuda-rng-rank0.bin"))
+      << "the checkpoint holds no CUDA generator state";
+  kit_test::Result rest = run("parts", {{"KIT_DEBUG_COLLECTIVES", "1"}});
+  ASSERT_EQ(rest.exit_code, 0) << rest;
+  ASSERT_NE(rest.out.find("resuming from"), std::string::npos) << rest;
+  // metrics.csv: step,epoch,loss,...; the rows of steps (not the per-rank epoch rows) as text.
+  auto losses = [&](const std::string& out) {
+    std::vector<std::string> rows;
+    for (auto& line : kit_test::nonempty_lines(kit_test::read_file(dir.path / out / "metrics.csv")))
+      if (line.find("cuda:") == std::string::npos) {  // not a per-rank epoch row
+        const size_t c2 = line.find(',', line.find(',') + 1);
+        rows.push_back(line.substr(0, line.find(',', c2 + 1)));  // step,epoch,loss
+      }
+    return rows;
+  };
+  EXPECT_EQ(losses("whole"), losses("parts"));
+  EXPECT_TRUE(kit_test::read_file(dir.path / "whole" / "model-final.pt") ==
+              kit_test::read_file(dir.path / "parts" / "model-final.pt"))
+      << "model-final.pt differs from the uninterrupted run's";
 }
 
 }  // namespace

@@ -23,6 +23,8 @@
 //                                sleeps; its pid goes to DIR/rank<R>.child.pid
 //   bind-master-port             listen on MASTER_ADDR:MASTER_PORT; exit 5 if that fails
 //   kill-self SIGNUM             raise a signal
+//   abort TEXT                   print TEXT to stderr, then std::abort() (as c10d's NCCL
+//                                watchdog ends a rank whose collective timed out)
 //   exit-on SIGNUM CODE          from now on, that signal makes the rank exit with CODE (a
 //                                trainer whose collective fails because a peer died)
 //   exit CODE                    exit with CODE
@@ -255,6 +257,13 @@ int main(int argc, char** argv) {
       write_file_atomically(rank_file(dir, ".child.pid"), std::to_string(child) + "\n");
     } else if (cmd == "bind-master-port") {
       if (!skip && bind_master_port() != 0) return 5;
+    } else if (cmd == "abort") {
+      std::string why = next("text");
+      if (!skip) {
+        std::fprintf(stderr, "%s\n", why.c_str());
+        std::fflush(stderr);
+        std::abort();
+      }
     } else if (cmd == "kill-self") {
       int sig = std::atoi(next("signal").c_str());
       if (!skip) ::raise(sig);

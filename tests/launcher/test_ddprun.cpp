@@ -475,6 +475,26 @@ TEST_F(Ddprun, RankKilledBySigkillStopsTheWholeJob) {
   EXPECT_TRUE(all_gone(pids, 3)) << "every rank must be gone";
 }
 
+TEST_F(Ddprun, RankAbortedIsNamedAsAborted) {
+  // What c10d's NCCL watchdog does to a rank whose collective timed out: a line on the rank's
+  // stderr, then abort(). ddprun's one line names the rank and says that it aborted itself.
+  Result r = run({"--nproc-per-node", "2", "--grace", "2", kProbe, "pidfile", dir_, "rank", "1",
+                  "await-pidfiles", dir_, "2", "rank", "1", "abort",
+                  "[Rank 1] Watchdog caught collective operation timeout", "sleep", "30"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_LT(r.seconds, 10);
+  EXPECT_EQ(r.exit_code, 128 + SIGABRT) << r.err;
+  ASSERT_TRUE(wait_for_pidfiles(2, 0));
+  auto pids = rank_pids(2);
+  EXPECT_NE(r.err.find("Watchdog caught collective operation timeout"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ddprun: rank 1 (pid " + std::to_string(pids[1]) +
+                       ") died: killed by signal 6 (SIGABRT): the rank aborted itself (on GPUs "
+                       "usually NCCL's watchdog, after a collective timed out or failed: see the "
+                       "rank's stderr above); stopping the other 1 rank"),
+            std::string::npos) << r.err;
+  EXPECT_TRUE(all_gone(pids, 3));
+}
+
 TEST_F(Ddprun, RankExitingWithCode3StopsTheWholeJob) {
   Result r = run({"--nproc-per-node", "4", "--grace", "2", kProbe, "pidfile", dir_,
                   "rank", "1", "await-pidfiles", dir_, "4", "rank", "1", "exit", "3",
