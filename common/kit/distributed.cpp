@@ -222,10 +222,15 @@ Setup setup(uint64_t seed) {
     if (backend == "nccl" && !cuda)
       throw SetupError("KIT_BACKEND=nccl needs a GPU, but none is visible on this node "
                        "(CUDA_VISIBLE_DEVICES, --gres?): use gloo, or run on a GPU node");
-  } else if (compat::kHaveNccl && !cuda && env.rank == 0) {
+  } else if (compat::kHaveNccl && !cuda) {
+    // A CUDA build that sees no GPU although Slurm gave the job some here: the binding left this
+    // task none. Training on the CPU would be silent and slow (kit/env.h, gpus_given_but_unseen).
+    const std::string why = gpus_given_but_unseen([](const char* v) { return std::getenv(v); }, 0);
+    if (!why.empty()) throw SetupError("rank " + std::to_string(env.rank) + ": " + why);
     // Said once, by rank 0: the job runs, but not where the user probably thinks.
-    std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "
-                         "on the CPU with Gloo\n");
+    if (env.rank == 0)
+      std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "
+                           "on the CPU with Gloo\n");
   }
   const auto timeout = collective_timeout(backend);
 
@@ -268,6 +273,23 @@ Setup setup(uint64_t seed) {
     throw SetupError("cannot create the " + backend + " process group: " + first_line(e.what()));
   }
   g_rank = env.rank;
+
+  // One rank per GPU, checked across the ranks (kit/env.h, shared_gpu): every rank says which
+  // node and GPU it drives, and two ranks on one GPU stop every rank with the same line. Only a
+  // CUDA build can have GPUs; the others skip the collective altogether.
+  if (compat::kHaveNccl && env.world_size > 1) {
+    char mine[160] = {};
+    if (device.is_cuda()) {
+      char host[96] = {};
+      gethostname(host, sizeof host - 1);
+      std::snprintf(mine, sizeof mine, "%s %s", host, compat::pci_bus_id(device.index()).c_str());
+    }
+    auto all = control::all_gather(*g_group, torch::from_blob(mine, {sizeof mine}, torch::kUInt8));
+    std::vector<std::string> gpu_of_rank;
+    for (int r = 0; r < env.world_size; ++r)
+      gpu_of_rank.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * sizeof mine));
+    if (const std::string why = shared_gpu(gpu_of_rank); !why.empty()) throw SetupError(why);
+  }
 
   // Different seeds per rank: dropout masks and any other randomness differ between ranks, as
   // they would between different batches on one GPU. (The initial weights come from rank 0 via

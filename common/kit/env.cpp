@@ -77,6 +77,36 @@ std::string device_for(const RankEnv& env, int visible_gpus, const char* visible
                    "(--gres=gpu:N or --gpus-per-node=N with --ntasks-per-node=N, and --gpu-bind=none)");
 }
 
+std::string shared_gpu(const std::vector<std::string>& gpu_of_rank) {
+  for (size_t a = 0; a < gpu_of_rank.size(); ++a) {
+    if (gpu_of_rank[a].empty()) continue;
+    for (size_t b = a + 1; b < gpu_of_rank.size(); ++b) {
+      if (gpu_of_rank[b] != gpu_of_rank[a]) continue;
+      const std::string& both = gpu_of_rank[a];
+      const size_t space = both.find(' ');
+      return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both drive GPU " +
+             both.substr(space + 1) + " on " + both.substr(0, space) +
+             ": start at most one rank per GPU (ddprun --nproc-per-node at most the node's GPUs; "
+             "in Slurm, --ntasks-per-node equal to the GPUs of --gres=gpu:N, or --gpus-per-task=1)";
+    }
+  }
+  return "";
+}
+
+std::string gpus_given_but_unseen(const EnvLookup& env, int visible_gpus) {
+  if (visible_gpus > 0) return "";
+  for (const char* v : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"}) {
+    const char* value = env(v);
+    if (value == nullptr || *value == '\0' || std::string(value) == "0") continue;
+    const char* seen = env("CUDA_VISIBLE_DEVICES");
+    return std::string("Slurm gave this job GPUs on this node (") + v + "=" + value +
+           ") but this rank sees none (CUDA_VISIBLE_DEVICES=" + (seen ? seen : "unset") +
+           "): give every task a GPU (srun --gpus-per-task=1, or --gres=gpu:N with "
+           "--ntasks-per-node=N and --gpu-bind=none), and leave CUDA_VISIBLE_DEVICES to Slurm";
+  }
+  return "";
+}
+
 int port_for_job(long job_id) { return 20000 + static_cast<int>(job_id % 10000); }
 
 RankEnv read_rank_env(const EnvLookup& env) {

@@ -46,6 +46,20 @@ RankEnv read_rank_env();  // from the real environment
 // only goes into that message.
 std::string device_for(const RankEnv& env, int visible_gpus, const char* visible_devices);
 
+// What device_for() cannot see from one rank: two ranks driving one GPU (more ranks than GPUs:
+// ddprun --nproc-per-node 4 on a node of one, or --gres=gpu:1 with four tasks, where every rank
+// sees "its" cuda:0). gpu_of_rank[r] is rank r's node and GPU as "<host> <PCI address>" ("" for
+// a rank on the CPU); setup() gathers them from every rank. Returns the first two ranks that
+// share one as one line naming them and what to do, or "" when every GPU has one rank.
+std::string shared_gpu(const std::vector<std::string>& gpu_of_rank);
+
+// A rank that sees no GPU although Slurm gave the job GPUs on its node (SLURM_GPUS_ON_NODE,
+// SLURM_STEP_GPUS or SLURM_JOB_GPUS set and not empty): a binding that left this task none (a
+// --gpu-bind map with fewer entries than tasks, CUDA_VISIBLE_DEVICES cleared by the script).
+// Training on the CPU there would be silent and slow: one line saying which flags to use, or ""
+// when the rank sees a GPU or Slurm gave none. Only asked in a CUDA build.
+std::string gpus_given_but_unseen(const EnvLookup& getenv, int visible_gpus);
+
 // "jwb[0012-0015,0020],login1" -> "jwb0012": the first host of a Slurm node list, without
 // needing `scontrol show hostnames` (which is not there inside every container).
 std::string first_host(const std::string& nodelist);

@@ -731,6 +731,37 @@ TEST(DeviceFor, CpuWithoutGpus) {
   EXPECT_EQ(kit::device_for(node(3, 8), 0, ""), "cpu");
 }
 
+TEST(DeviceFor, TwoRanksOnOneGpuAreNamed) {
+  // ddprun --nproc-per-node 2 on a node of one GPU: both ranks see one GPU and take cuda:0, which
+  // device_for() cannot tell apart from --gpus-per-task=1; the gathered (node, GPU) pairs can.
+  EXPECT_EQ(kit::shared_gpu({"n1 00000000:65:00.0", "n1 00000000:66:00.0", "n2 00000000:65:00.0"}), "");
+  EXPECT_EQ(kit::shared_gpu({"", ""}), "");  // ranks on the CPU share nothing
+  const std::string why = kit::shared_gpu({"n1 00000000:65:00.0", "n1 00000000:66:00.0",
+                                           "n1 00000000:65:00.0"});
+  EXPECT_NE(why.find("ranks 0 and 2 both drive GPU 00000000:65:00.0 on n1"), std::string::npos) << why;
+  EXPECT_NE(why.find("one rank per GPU"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+}
+
+TEST(DeviceFor, SlurmGaveGpusButTheRankSeesNone) {
+  auto lookup = [](const std::map<std::string, std::string>& vars) {
+    return [vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  // A --gpu-bind that left this task without a GPU: Slurm's variables say the job has some.
+  const std::string why = kit::gpus_given_but_unseen(
+      lookup({{"SLURM_JOB_GPUS", "0,1,2,3"}, {"CUDA_VISIBLE_DEVICES", ""}}), 0);
+  EXPECT_NE(why.find("SLURM_JOB_GPUS=0,1,2,3"), std::string::npos) << why;
+  EXPECT_NE(why.find("--gpus-per-task=1"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  // It sees one: fine. No GPUs in the job (a CPU partition), or none asked for: fine.
+  EXPECT_EQ(kit::gpus_given_but_unseen(lookup({{"SLURM_JOB_GPUS", "0"}}), 1), "");
+  EXPECT_EQ(kit::gpus_given_but_unseen(lookup({{"SLURM_GPUS_ON_NODE", "0"}}), 0), "");
+  EXPECT_EQ(kit::gpus_given_but_unseen(lookup({}), 0), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // DistributedSampler
 // ---------------------------------------------------------------------------------------------
