@@ -451,6 +451,33 @@ TEST(Ex01OnGpus, EveryRankDrivesItsOwnGpuWithNccl) {
   EXPECT_TRUE(fs::exists(dir.path / "run" / "model-final.pt")) << run;
 }
 
+// One rank more than the node's GPUs: with one GPU, every rank sees it and takes cuda:0, which
+// only the ranks together can see (setup()'s shared_gpu check); with more, device_for() refuses a
+// rank that sees fewer GPUs than the node has ranks. Either way every rank stops, with one line.
+TEST(Ex01OnGpus, MoreRanksThanGpusStopWithOneLine) {
+  SKIP_UNLESS_NCCL(1);
+  const int n = gpus() + 1;
+  kit_test::TempDir dir("kit-gpu", "KIT_GPU_KEEP");
+  const std::string tag = "kit-gpu-" + std::to_string(::getpid());
+  auto env = [&](const std::map<std::string, std::string>& extra) {
+    return kit_test::clean_env("KIT_GPU_TEST_TAG", tag, extra);
+  };
+  std::vector<std::string> corpus = {MAKE_CORPUS_EXE, "--out", (dir.path / "data").string()};
+  corpus.insert(corpus.end(), kCorpusFlags.begin(), kCorpusFlags.end());
+  ASSERT_EQ(kit_test::Process(corpus, env({}), dir.path, "make_corpus").wait(60).exit_code, 0);
+  std::vector<std::string> job = {DDPRUN_EXE, "--nproc-per-node", std::to_string(n), "--",
+                                  TRAINER_EXE, "--data-dir", (dir.path / "data").string(),
+                                  "--out-dir", (dir.path / "run").string()};
+  job.insert(job.end(), kRunFlags.begin(), kRunFlags.end());
+  kit_test::Result run = kit_test::Process(job, env({{"KIT_TIMEOUT", "60"}}), dir.path, "ex01").wait(180);
+  ASSERT_FALSE(run.timed_out) << run;
+  EXPECT_NE(run.exit_code, 0) << run;
+  const bool named = run.err.find("both drive GPU") != std::string::npos ||
+                     run.err.find("ranks on this node sees") != std::string::npos;
+  EXPECT_TRUE(named) << n << " ranks on " << n - 1 << " GPU(s) not refused with the reason\n" << run;
+  EXPECT_EQ(run.out.find("final test loss"), std::string::npos) << run;
+}
+
 // Stop after step 3 (KIT_STOP_AFTER_STEP, KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug
 // descriptors go over NCCL), resume, finish: with dropout, which on a GPU draws from the CUDA
 // generator, the losses and model-final.pt are the uninterrupted run's, bit for bit. Before the
