@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -198,6 +199,33 @@ int intra_op_threads(const RankEnv& env) {
 #endif
 }();
 
+// A rank that aborts (SIGABRT: NCCL's watchdog after a collective timed out or failed, or any
+// failed assertion) says which rank it was before it dies, on its own stderr: under srun that is
+// the job's .err file, where Slurm's own line ("task 3: Aborted") names a task, not a rank. The
+// line is written when setup() knows the rank, so that the handler only calls write(2), which is
+// safe in a signal handler; then the default action runs (the core dump and exit status 134 the
+// launcher and Slurm report).
+char g_abort_line[256];
+size_t g_abort_len = 0;
+
+void on_abort(int) {
+  if (g_abort_len > 0) {
+    ssize_t ignored = write(STDERR_FILENO, g_abort_line, g_abort_len);
+    (void)ignored;
+  }
+  std::signal(SIGABRT, SIG_DFL);
+  std::raise(SIGABRT);
+}
+
+void name_this_rank_on_abort(int rank) {
+  const int n = std::snprintf(g_abort_line, sizeof g_abort_line,
+                              "kit: rank %d aborted (SIGABRT): on GPUs usually NCCL's watchdog, "
+                              "after a collective timed out or failed (its reason is in the lines "
+                              "above; NCCL_DEBUG=INFO says more)\n", rank);
+  g_abort_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_abort_line - 1) : 0;
+  std::signal(SIGABRT, on_abort);
+}
+
 void record_exit() {
   trace::record("exit", std::string("group_alive=") + (g_group ? "1" : "0"));
 }
@@ -256,6 +284,7 @@ Setup setup(uint64_t seed) {
   const torch::Device rank_device = check_devices ? device_check::device() : device;
 
   c10::intrusive_ptr<c10d::Store> store;
+  const int log_level = FLAGS_caffe2_log_level;
   if (env.world_size == 1 && env.master_port == 0)
     store = c10::make_intrusive<c10d::HashStore>();  // alone: nobody to meet
   else {
@@ -273,6 +302,10 @@ Setup setup(uint64_t seed) {
     throw SetupError("cannot create the " + backend + " process group: " + first_line(e.what()));
   }
   g_rank = env.rank;
+  // From here on c10d's errors are the only word on what went wrong: NCCL's watchdog logs why it
+  // aborts a rank (which collective timed out or failed) at ERROR, just before the abort.
+  FLAGS_caffe2_log_level = log_level;
+  name_this_rank_on_abort(env.rank);
 
   // One rank per GPU, checked across the ranks (kit/env.h, shared_gpu): every rank says which
   // node and GPU it drives, and two ranks on one GPU stop every rank with the same line. Only a

@@ -100,7 +100,7 @@ int all_reduce(int rank) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: rank0_probe save0 PATH SECONDS | print0 K | all_reduce\n");
+    std::fprintf(stderr, "usage: rank0_probe save0 PATH SECONDS | print0 K | all_reduce | abort\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -111,6 +111,16 @@ int main(int argc, char** argv) {
   if (cmd == "save0" && argc == 4) rc = save0(setup.rank, argv[2], std::atof(argv[3]));
   else if (cmd == "print0" && argc == 3) rc = print0(setup.rank, std::atoi(argv[2]));
   else if (cmd == "all_reduce" && argc == 2) rc = all_reduce(setup.rank);
+  else if (cmd == "abort" && argc == 2) {
+    // Rank 1 aborts as NCCL's watchdog would, after logging its reason through c10's logging
+    // (which setup() must not have silenced); the others wait in a collective for it.
+    if (setup.rank == 1) {
+      LOG(ERROR) << "probe: a collective timed out (as the watchdog would say)";
+      std::abort();
+    }
+    kit::barrier();
+    rc = 0;
+  }
   else std::fprintf(stderr, "rank0_probe: bad arguments for '%s'\n", cmd.c_str());
   std::fflush(stdout);
   kit::destroy_process_group();

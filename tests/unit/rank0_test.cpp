@@ -199,6 +199,19 @@ TEST(Rank0Helpers, CollectiveTimeoutIsGloosDefaultUnlessKitTimeoutSaysOtherwise)
   EXPECT_EQ(traced_timeouts({{"KIT_TIMEOUT", "20"}}), (std::vector<std::string>{"20", "20"}));
 }
 
+TEST(Rank0Helpers, AnAbortedRankSaysWhichRankAndKeepsC10dsReason) {
+  // As NCCL's watchdog does: log the reason at ERROR, then abort. The rank's stderr must keep
+  // that reason (setup() quiets c10d's log during the rendezvous only) and name the rank.
+  kit_test::TempDir tmp("kit-rank0");
+  Result r = run_probe(2, {"abort"}, tmp.path);
+  EXPECT_NE(r.exit_code, 0) << r;
+  EXPECT_NE(r.err.find("probe: a collective timed out"), std::string::npos)
+      << "c10d's ERROR line was silenced\n" << r;
+  EXPECT_NE(r.err.find("kit: rank 1 aborted (SIGABRT)"), std::string::npos) << r;
+  EXPECT_EQ(r.err.find("kit: rank 0 aborted"), std::string::npos) << r;
+  EXPECT_LT(r.seconds, 20) << r;
+}
+
 TEST(Rank0Helpers, KitTimeoutThatIsNotANumberIsOneErrorLine) {
   kit_test::TempDir tmp("kit-rank0");
   // "10s" once meant 10 (atoi), "ten" the default: both are now refused.
