@@ -21,7 +21,6 @@ the system's python3.
 
 usage: login_node.py --venv VENV --work DIR
 """
-import argparse
 import glob
 import json
 import os
@@ -33,7 +32,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
-from verdict import expect, finish  # noqa: E402
+from verdict import expect, finish, root_test_args  # noqa: E402
 
 USER = "nobody"
 
@@ -71,13 +70,7 @@ exec setpriv --reuid={USER} --regid=$(id -g {USER}) --clear-groups \
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--venv", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    if os.geteuid() != 0:
-        print("skipped: setting the scene (a user, namespaces) needs root")
-        return 77
+    a = root_test_args("--venv", "--work", why="setting the scene (a user, namespaces) needs root")
     sites = glob.glob(os.path.join(os.path.abspath(a.venv), "lib", "python3*", "site-packages"))
     if not sites or not os.path.isdir(os.path.join(sites[0], "torch")):
         print(f"FAIL no torch in {a.venv} (./kit cuda-build makes .venv-cuda, the torch used here)")

@@ -8,13 +8,12 @@ Each check starts and stops its own test cluster (tests/slurm/cluster.sh).
 
 usage: test_check_job.py --build DIR --work DIR      (exit 77, skipped, when not root)
 """
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from verdict import expect, finish  # noqa: E402 (tests/support)
+from verdict import expect, finish, root_test_args  # noqa: E402 (tests/support)
 from job_mutants import EX, ROOT, check_job  # noqa: E402 (its output streams; see there)
 
 TODOS = ["14", "15", "16", "17"]
@@ -25,13 +24,7 @@ def check(a, script, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    if os.geteuid() != 0:
-        print("the test cluster needs root; skipping")
-        return 77
+    a = root_test_args("--build", "--work", why="the test cluster needs root")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     rc, _, passed, failed = check(a, os.path.join(ROOT, "sbatch", EX, "run.sbatch"), "shipped")

@@ -13,13 +13,12 @@ judged with `./kit check 01 --job-output` there, which must agree with `--job`:
 
 usage: test_check_job_output.py --build DIR --work DIR      (exit 77, skipped, when not root)
 """
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from verdict import expect, finish  # noqa: E402 (tests/support)
+from verdict import expect, finish, root_test_args  # noqa: E402 (tests/support)
 from job_mutants import EX, ROOT, check_job  # noqa: E402 (its output streams; see there)
 
 
@@ -52,13 +51,7 @@ def leave(a, script, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    if os.geteuid() != 0:
-        print("the test cluster needs root; skipping")
-        return 77
+    a = root_test_args("--build", "--work", why="the test cluster needs root")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
 

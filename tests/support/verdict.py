@@ -20,3 +20,20 @@ def expect(cond, what, detail=""):
 def finish():
     print(f"{len(failures)} failed" if failures else "all checks passed", flush=True)
     return 1 if failures else 0
+
+
+def root_test_args(*flags, why):
+    """The arguments of a test that needs root (a test cluster, a user, namespaces): each flag is
+    a required --option with a value. Without root it says why and exits 77, which CTest's
+    SKIP_RETURN_CODE reports as a skip."""
+    import argparse
+    import os
+    import sys
+    ap = argparse.ArgumentParser()
+    for flag in flags:
+        ap.add_argument(flag, required=True)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print(f"skipped: {why}")
+        sys.exit(77)
+    return args
