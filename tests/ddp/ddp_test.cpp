@@ -631,7 +631,7 @@ TEST(DDPBuffers, RankZerosBuffersAtEachForwardAsPyTorch) {
 // the whole dataset; PyTorch's raises, and so does the kit's. Explicit ones need no setup().
 TEST(DistributedSamplerSetup, DefaultsBeforeSetupAreAnError) {
   try {
-    kit::DistributedSampler sampler(10);
+    kit::DistributedSampler sampler(size_t{10});
     FAIL() << "made before setup(), it covers " << sampler.size() << " of 10 samples on rank "
            << sampler.rank() << " of " << sampler.num_replicas();
   } catch (const c10::Error& e) {
