@@ -14,6 +14,11 @@ DistributedSampler::DistributedSampler(size_t dataset_size, bool shuffle, uint64
     : dataset_size_(dataset_size), shuffle_(shuffle), seed_(seed),
       replicas_(num_replicas > 0 ? num_replicas : get_world_size()),
       rank_(rank >= 0 ? rank : get_rank()) {
+  // Before setup() the defaults would be rank 0 of 1 on every process: each would take the whole
+  // dataset, N times the work, and nothing would say so. PyTorch's sampler raises here too.
+  TORCH_CHECK(is_initialized() || (num_replicas > 0 && rank >= 0),
+              "DistributedSampler: made before kit::setup(), so every rank would take the whole "
+              "dataset: call setup() first, or pass num_replicas and rank");
   TORCH_CHECK(dataset_size_ > 0, "DistributedSampler: the dataset is empty");
   TORCH_CHECK(rank_ < replicas_, "DistributedSampler: rank ", rank_, " >= num_replicas ", replicas_);
   trace::record("sampler", "size=" + std::to_string(dataset_size_) + " replicas=" +

@@ -25,7 +25,8 @@ class DistributedSampler {
  public:
   // shuffle: a new order every epoch (see set_epoch). seed: must be the same on every rank,
   // because all ranks shuffle the same list and then each takes its own slice of it.
-  // num_replicas / rank default to the process group of kit::setup().
+  // num_replicas / rank default to the process group of kit::setup(); made before setup() without
+  // them, it is an error (every rank would take the whole dataset).
   DistributedSampler(size_t dataset_size, bool shuffle = true, uint64_t seed = 0,
                      int num_replicas = -1, int rank = -1);
   template <typename Dataset>

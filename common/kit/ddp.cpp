@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -36,6 +37,30 @@ torch::Tensor window(const torch::Tensor& flat, int64_t offset, const torch::Ten
       .set_(flat.storage(), flat.storage_offset() + offset, like.sizes());
 }
 
+// Rank 0's values of `state` into every rank's, in place: one broadcast per dtype. Not all
+// through float32: that would round float64 weights and large int64 buffers, and change even rank
+// 0's own model. Only bool and bfloat16 travel as uint8 / float32 (exact), in case the backend
+// cannot broadcast them.
+void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  auto wire = [](c10::ScalarType t) {
+    return t == torch::kBool ? torch::kByte : t == torch::kBFloat16 ? torch::kFloat : t;
+  };
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;  // same order on every rank
+  for (auto& t : state) by_type[wire(t.scalar_type())].push_back(t);
+  for (auto& [type, tensors] : by_type) {
+    std::vector<torch::Tensor> flat_parts;
+    for (auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1).to(type));
+    auto flat = torch::cat(flat_parts);
+    group.broadcast(flat, 0);
+    int64_t at = 0;
+    for (auto t : tensors) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
 }  // namespace
 
 struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> {
@@ -50,6 +75,10 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::shared_ptr<ProcessGroup> keep_group;  // the default group stays valid (closed, not freed)
   Options options;
   std::vector<torch::Tensor> params;
+  std::vector<std::string> names;                // of each parameter, for the errors
+  std::vector<torch::Tensor> buffers;            // what broadcast_buffers sends
+  std::function<torch::Tensor(const torch::Tensor&)> call;  // the module's forward, if it has one
+  bool forward_sync = true;      // PyTorch's require_forward_param_sync: broadcast at the next forward
   std::unique_ptr<ParameterClaim> claim;  // these parameters are ours while we live
   std::vector<size_t> bytes;                     // of each parameter's gradient
   std::vector<size_t> bucket_of;                 // param -> its bucket
@@ -157,7 +186,13 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
         if (auto r = self.lock()) r->finalize();
       });
     }
-    if (ready[i]) return;  // the same parameter used twice: its hook fires once per use
+    // A parameter used twice in one graph gets one hook call (autograd sums its uses first); a
+    // second call means a second backward through it in this step, e.g. a reentrant checkpoint,
+    // while its bucket may already be on the wire.
+    TORCH_CHECK(!ready[i], "DistributedDataParallel: parameter '", names[i],
+                "' got its gradient twice in one backward (reentrant activation checkpointing or "
+                "a second backward through it before this one ended); its bucket may already be "
+                "averaged: give each parameter one gradient per backward");
     ready[i] = true;
     if (options.overlap && !stats.rebuilt) arrived.push_back(i);
     into_bucket(i);
@@ -165,15 +200,28 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   }
 
   // End of backward: every rank must contribute every bucket, even with a parameter that got no
-  // gradient this step (it counts as zero), or the others would wait for it forever.
+  // gradient this step, or the others would wait for it forever. Such a parameter adds its .grad
+  // if it has one (kept from no_sync() steps or zeroed in place), zeros otherwise, and its .grad
+  // stays as it was: it becomes the average only where another rank used it (PyTorch's
+  // find_unused_parameters). Without that option the step still completes on every rank, so that
+  // no rank waits forever for this one, and then fails naming the parameter.
   void finalize() {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!ready[i]) {
-        into_bucket(i);
-        ready[i] = true;
-        --buckets[bucket_of[i]].pending;
+    std::unique_lock<std::mutex> lock(mutex);
+    std::vector<size_t> unused;
+    torch::Tensor used;  // 1 per parameter that got a gradient on this rank
+    if (options.find_unused_parameters) used = torch::zeros({static_cast<int64_t>(params.size())});
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ready[i]) {
+        if (used.defined()) used[static_cast<int64_t>(i)] = 1;
+        continue;
       }
+      unused.push_back(i);
+      torch::NoGradGuard no_grad;
+      if (params[i].grad().defined()) into_bucket(i);
+      else windows[i].zero_();
+      ready[i] = true;
+      --buckets[bucket_of[i]].pending;
+    }
     launch_ready_buckets();
     settle();  // the previous step's GPU times, long since recorded
     const bool gpu = params[0].is_cuda();
@@ -181,6 +229,12 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     auto start = Clock::now();
     for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
     const double waited = seconds_since(start);
+    if (used.defined()) {  // one small all-reduce, as PyTorch's local_used_map
+      auto anywhere = control::all_reduce(*group, used, ReduceOp::SUM);
+      for (size_t i : unused)
+        if (anywhere[static_cast<int64_t>(i)].item<float>() > 0 && !params[i].grad().defined())
+          params[i].mutable_grad() = windows[i];
+    }
     if (gpu) done_mark = compat::record_gpu_event(params[0].device());
 
     for (auto& b : buckets) {
@@ -203,6 +257,29 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
       trace::record("ddp_step", "step=" + std::to_string(stats.steps) +
                                     " wait_us=" + std::to_string(static_cast<int64_t>(waited * 1e6)));
     if (options.overlap && !stats.rebuilt) rebuild_buckets();
+    if (!unused.empty() && !options.find_unused_parameters) {
+      std::string list;
+      for (size_t i : unused) list += (list.empty() ? "'" : ", '") + names[i] + "'";
+      lock.unlock();
+      TORCH_CHECK(false, "DistributedDataParallel: ", unused.size() == 1 ? "parameter " : "parameters ",
+                  list, " got no gradient in this backward (not "
+                  "used to compute the loss); pass Options{.find_unused_parameters = true} if some "
+                  "parameters may sit out a step, or leave them out of the model");
+    }
+  }
+
+  // Before a forward through the wrapper: rank 0's buffers everywhere (broadcast_buffers), when
+  // the previous forward ran with gradients and outside no_sync() (PyTorch's rule).
+  void before_forward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (options.broadcast_buffers && forward_sync && !buffers.empty()) {
+      broadcast_from_rank0(*group, buffers);
+      if (trace::enabled()) trace::record("ddp_buffers", "count=" + std::to_string(buffers.size()));
+    }
+  }
+  void after_forward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    forward_sync = torch::GradMode::is_enabled() && sync;
   }
 
   // After the first backward: buckets in the order the gradients really arrived, so that each
@@ -252,35 +329,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   if (!options.group) r.keep_group = default_group_ptr();
   r.group = options.group ? options.group : r.keep_group.get();
   r.options = options;
-  for (auto& p : module->parameters())
-    if (p.requires_grad()) r.params.push_back(p);
+  for (auto& item : module->named_parameters())
+    if (item.value().requires_grad()) {
+      r.params.push_back(item.value());
+      r.names.push_back(item.key());
+    }
+  r.buffers = module->buffers();
   TORCH_CHECK(!r.params.empty(), "DistributedDataParallel: the model has no trainable parameters");
   r.claim = std::make_unique<ParameterClaim>(r.params, "DistributedDataParallel");
 
-  // 1. Same starting point everywhere: rank 0's parameters and buffers, one broadcast per dtype.
-  //    Not all through float32: that would round float64 weights and large int64 buffers, and
-  //    change even rank 0's own model. Only bool and bfloat16 travel as uint8 / float32 (exact),
-  //    in case the backend cannot broadcast them.
+  // 1. Same starting point everywhere: rank 0's parameters and buffers.
   {
-    torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> state = module->parameters();
-    for (auto& b : module->buffers()) state.push_back(b);
-    auto wire = [](c10::ScalarType t) {
-      return t == torch::kBool ? torch::kByte : t == torch::kBFloat16 ? torch::kFloat : t;
-    };
-    std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;  // same order on every rank
-    for (auto& t : state) by_type[wire(t.scalar_type())].push_back(t);
-    for (auto& [type, tensors] : by_type) {
-      std::vector<torch::Tensor> flat_parts;
-      for (auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1).to(type));
-      auto flat = torch::cat(flat_parts);
-      r.group->broadcast(flat, 0);
-      int64_t at = 0;
-      for (auto& t : tensors) {
-        t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
-        at += t.numel();
-      }
-    }
+    for (auto& b : r.buffers) state.push_back(b);
+    broadcast_from_rank0(*r.group, state);
   }
 
   // 2. Buckets, from the last parameter backwards (kit/buckets.h), until the first backward
@@ -327,6 +389,19 @@ DistributedDataParallel::NoSync::~NoSync() {
 }
 
 DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(reducer_); }
+
+void DistributedDataParallel::set_forward(std::function<torch::Tensor(const torch::Tensor&)> call) {
+  reducer_->call = std::move(call);
+}
+
+torch::Tensor DistributedDataParallel::forward(const torch::Tensor& input) {
+  TORCH_CHECK(reducer_->call, "DistributedDataParallel::forward: the module has no "
+              "forward(Tensor) -> Tensor; call its forward yourself (no buffer broadcast then)");
+  reducer_->before_forward();
+  auto output = reducer_->call(input);
+  reducer_->after_forward();
+  return output;
+}
 
 const DDPStats& DistributedDataParallel::stats() const {
   std::lock_guard<std::mutex> lock(reducer_->mutex);

@@ -29,11 +29,31 @@
 // does), not with Module::load / torch::load: those re-seat the parameters, which replaces the
 // autograd nodes the hooks sit on, and gradients would silently stop being averaged.
 //
-// Python's DDP wraps the module and you call the wrapper. This one only needs to see gradients,
-// so it attaches to the model you already have: keep calling model->forward(). The hooks live as
-// long as this object.
+// Python's DDP wraps the module and you call the wrapper. This one attaches to the model you
+// already have, and the gradients need nothing more: model->forward() still works. But the
+// buffers (batch norm's running statistics) need a forward: as PyTorch's default
+// broadcast_buffers=True does, ddp.forward(x) first copies rank 0's buffers to every rank, then
+// calls model->forward(x). So in training every rank's batch norm starts each forward from rank
+// 0's statistics and adds its own batch to them; model->forward(x) skips the copy, as
+// ddp.module(x) does in Python. Like PyTorch, a forward broadcasts only when the previous one
+// through the wrapper ran with gradients and outside no_sync() (the first one always does), so an
+// evaluation under NoGradGuard broadcasts once, at its first forward. ddp.forward needs the
+// module's forward(Tensor) -> Tensor; other signatures keep model->forward() and no broadcast.
+//
+// Every trainable parameter must get a gradient in every backward (outside no_sync()), or
+// backward ends with one error naming it, as PyTorch's Reducer raises; a branch taken only for
+// some inputs needs Options{.find_unused_parameters = true}. Then a parameter unused on this rank
+// adds zeros to the average, and one unused on every rank keeps its .grad as it was (undefined
+// after zero_grad()), so that weight decay and momentum do not move it as if its gradient were 0
+// (PyTorch does the same). Unlike PyTorch, which finds them by walking the graph from the output
+// at the forward, the kit finds them when backward ends: their buckets leave last. A gradient
+// hook that fires twice for one parameter in one backward (reentrant activation checkpointing,
+// two backwards through one graph) is an error naming the parameter, as in PyTorch: its bucket
+// may already be on the wire. The hooks live as long as this object.
 #pragma once
 
+#include <concepts>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -66,6 +86,8 @@ struct DDPOptions {
   size_t bucket_cap_bytes = 25u << 20;   // 25 MiB, as PyTorch
   size_t first_bucket_bytes = 1u << 20;  // small, so the first all-reduce starts early
   ProcessGroup* group = nullptr;         // default: the group of kit::setup()
+  bool broadcast_buffers = true;         // ddp.forward() copies rank 0's buffers first (PyTorch's)
+  bool find_unused_parameters = false;   // a parameter without gradient is allowed (see above)
 };
 
 class DistributedDataParallel {
@@ -75,7 +97,10 @@ class DistributedDataParallel {
 
   template <typename M>
   explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {})
-      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options) {}
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options) {
+    if constexpr (requires(M& m, const torch::Tensor& x) { { m.forward(x) } -> std::convertible_to<torch::Tensor>; })
+      set_forward([m = module.ptr()](const torch::Tensor& x) -> torch::Tensor { return m->forward(x); });
+  }
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Options options);
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -105,12 +130,17 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync();
 
+  // PyTorch's ddp(x): rank 0's buffers to every rank (Options::broadcast_buffers; see above),
+  // then the module's forward(x).
+  torch::Tensor forward(const torch::Tensor& input);
+
   const DDPStats& stats() const;
   // Parameter indices per bucket, in launch order (see kit/buckets.h); after the first backward
   // with overlap, the rebuilt buckets.
   const std::vector<std::vector<size_t>>& buckets() const;
 
  private:
+  void set_forward(std::function<torch::Tensor(const torch::Tensor&)> call);
   std::shared_ptr<Reducer> reducer_;
 };
 

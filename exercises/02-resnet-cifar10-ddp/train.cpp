@@ -121,10 +121,13 @@ int main(int argc, char** argv) {
     auto train_loss = total / static_cast<double>(steps);
     // TODO 9: Average the epoch's training loss over all ranks, as in exercise 01.
     metrics.end_epoch(epoch);
-    // TODO 13: Batch norm keeps running statistics (buffers, not parameters: DDP does not average
-    //          them), and each rank updated its own from its own batches. Evaluation uses them, and
+    // TODO 13: Batch norm keeps running statistics (buffers, not parameters: DDP averages no
+    //          buffers), and each rank updated its own from its own batches. Evaluation uses them, and
     //          rank 0 saves its own. Average them over the ranks (kit::running_statistics(*model)
-    //          lists them), so that every rank evaluates, and rank 0 saves, the same model.
+    //          lists them), so that every rank evaluates, and rank 0 saves, the same model, made of
+    //          every rank's data. (PyTorch's DDP, and ddp.forward here, copy rank 0's buffers to all
+    //          at each training forward: they then hold rank 0's batches, plus each rank's last one.
+    //          Averaging is what timm's distribute_bn does in Python.)
     auto [loss, accuracy] = evaluate(model, test_loader, device);
     test_loss = loss.item<double>(), test_acc = accuracy.item<double>();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -176,10 +176,13 @@ int main(int argc, char** argv) {
     //@ end
     metrics.end_epoch(epoch);
     //@ todo 13
-    //@ | Batch norm keeps running statistics (buffers, not parameters: DDP does not average
-    //@ | them), and each rank updated its own from its own batches. Evaluation uses them, and
+    //@ | Batch norm keeps running statistics (buffers, not parameters: DDP averages no
+    //@ | buffers), and each rank updated its own from its own batches. Evaluation uses them, and
     //@ | rank 0 saves its own. Average them over the ranks (kit::running_statistics(*model)
-    //@ | lists them), so that every rank evaluates, and rank 0 saves, the same model.
+    //@ | lists them), so that every rank evaluates, and rank 0 saves, the same model, made of
+    //@ | every rank's data. (PyTorch's DDP, and ddp.forward here, copy rank 0's buffers to all
+    //@ | at each training forward: they then hold rank 0's batches, plus each rank's last one.
+    //@ | Averaging is what timm's distribute_bn does in Python.)
     //@ solution
     for (auto stat : kit::running_statistics(*model)) kit::all_reduce(stat, kit::ReduceOp::AVG);
     //@ end

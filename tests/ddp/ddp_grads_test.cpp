@@ -2,9 +2,10 @@
 // partial-gradient bug of issue 16):
 //
 //   * a parameter that takes part in some steps and not in others (a layer used in step 1,
-//     skipped in step 2, used again in step 3): in step 2 every rank must end backward with a zero
-//     gradient for it (or none, as one process has after zero_grad()), never with the gradient of
-//     step 1 that its place in the bucket still holds from the last all-reduce;
+//     skipped in step 2, used again in step 3), with find_unused_parameters: in step 2 every rank
+//     must end backward with what one process has, no gradient after zero_grad() to none (not
+//     zeros, which weight decay and momentum would act on) and zeros after zero_grad(false),
+//     never with the gradient of step 1 that its place in the bucket still holds;
 //   * assign_buckets(): which gradients travel together (kit/buckets.h);
 //   * after backward, every .grad is a window on its bucket (nothing copied into or out of
 //     buckets): the gradients of one bucket lie back to back in one block, in the bucket's order,
@@ -163,6 +164,7 @@ TEST_P(PartialGradients, ParameterSkippedInStepTwoGetsNoGradientThere) {
     kit::DistributedDataParallel::Options o;
     o.overlap = c.overlap;
     o.group = &g;
+    o.find_unused_parameters = true;  // b sits out step 2
     if (!c.one_bucket) o.first_bucket_bytes = o.bucket_cap_bytes = 1;  // one per parameter
     kit::DistributedDataParallel ddp(models[r], o);
     train(models[r], [r](int s) { return shard(s, r); }, c.set_to_none, got[r]);
@@ -185,6 +187,8 @@ TEST_P(PartialGradients, ParameterSkippedInStepTwoGetsNoGradientThere) {
       for (size_t i = 0; i < names.size(); ++i) {
         const auto& g = got[r][s].grads[i];
         const auto& w = want[s].grads[i];
+        EXPECT_EQ(got[r][s].defined[i], want[s].defined[i])
+            << "rank " << r << ", step " << s + 1 << ", " << names[i] << ": .grad defined";
         if (s == 1 && i >= 2) {
           // Exactly zero, not merely small: a stale gradient would be step 1's.
           EXPECT_EQ(g.abs().max().item<double>(), 0.0)

@@ -421,8 +421,8 @@ TEST(BroadcastDtypes, Float64ParametersAndInt64BuffersSurviveBitExact) {
   }
 }
 
-// A parameter that gets no gradient (unused in forward) must not make backward hang: every
-// rank contributes zeros for it, and the used parameters are still averaged.
+// A parameter that gets no gradient (unused in forward). By default, as PyTorch's Reducer, that
+// is one error naming it, on every rank, after the step's all-reduces (no rank left waiting).
 struct PartlyUsedImpl : torch::nn::Module {
   torch::nn::Linear used{nullptr}, unused{nullptr};
   PartlyUsedImpl() {
@@ -433,7 +433,7 @@ struct PartlyUsedImpl : torch::nn::Module {
 };
 TORCH_MODULE(PartlyUsed);
 
-TEST(DDPUnusedParameters, BackwardFinishesAndAveragesTheUsedOnes) {
+TEST(DDPUnusedParameters, ByDefaultBackwardFailsNamingThem) {
   const int n = 2;
   std::vector<PartlyUsed> models{PartlyUsed(), PartlyUsed()};
   auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
@@ -441,20 +441,206 @@ TEST(DDPUnusedParameters, BackwardFinishesAndAveragesTheUsedOnes) {
     kit::DistributedDataParallel::Options o;
     o.group = groups[r].get();
     kit::DistributedDataParallel ddp(models[r], o);
-    for (int step = 1; step <= 2; ++step) {
-      for (auto& p : models[r]->parameters()) p.mutable_grad() = torch::Tensor();
-      // d sum(W x + b) / dW = x^T for each output row: rank r's input is all (r + 1).
-      models[r]->forward(torch::full({1, 4}, float(r + 1))).sum().backward();
-      EXPECT_TRUE(torch::allclose(models[r]->used->weight.grad(), torch::full({3, 4}, (n + 1) / 2.0f)))
-          << "rank " << r << ", step " << step << ": " << models[r]->used->weight.grad();
-      auto g = models[r]->unused->weight.grad();
-      if (g.defined()) {
-        EXPECT_EQ(g.abs().sum().item<float>(), 0.0f) << "rank " << r;
-      }
-      EXPECT_EQ(ddp.stats().steps, step);
-    }
+    models[r]->forward(torch::full({1, 4}, float(r + 1))).sum().backward();
   });
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(errors[r].find("DistributedDataParallel: parameters 'unused.weight', 'unused.bias' "
+                             "got no gradient in this backward"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("find_unused_parameters = true"), std::string::npos) << errors[r];
+  }
+}
+
+// The same mistake in a program: one line on stderr, exit 1 (the kit's terminate handler).
+TEST(DDPUnusedParametersDeathTest, OneLineAndExitOne) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      [] {
+        struct OneUnusedImpl : torch::nn::Module {
+          torch::Tensor w = register_parameter("w", torch::ones({2}));
+          torch::Tensor idle = register_parameter("idle", torch::ones({2}));
+        };
+        auto model = std::make_shared<OneUnusedImpl>();
+        auto groups = kit::ProcessGroup::local_groups(1, std::chrono::seconds(10));
+        kit::DistributedDataParallel::Options o;
+        o.group = groups[0].get();
+        kit::DistributedDataParallel ddp(model, o);
+        [&]() noexcept { (model->w * 2).sum().backward(); }();  // uncaught: std::terminate
+      }(),
+      ::testing::ExitedWithCode(1),
+      "^error: DistributedDataParallel: parameter 'idle' got no gradient in this backward[^\n]*"
+      "find_unused_parameters = true[^\n]*\n$");
+}
+
+// With find_unused_parameters, as PyTorch: a parameter unused on this rank adds zeros to the
+// average; one used on another rank gets the average; one unused on every rank keeps .grad
+// undefined, so AdamW's weight decay leaves it where it was.
+struct BranchesImpl : torch::nn::Module {
+  torch::Tensor a, b, c;
+  BranchesImpl() {
+    a = register_parameter("a", torch::ones({3}));
+    b = register_parameter("b", torch::ones({3}));
+    c = register_parameter("c", torch::ones({3}));
+  }
+  // a on every rank, b on rank 1 only, c nowhere.
+  torch::Tensor forward(const torch::Tensor& x, int rank) {
+    return rank == 1 ? (x * a).sum() + (x * b).sum() : (x * a).sum();
+  }
+};
+TORCH_MODULE(Branches);
+
+TEST(DDPUnusedParameters, FindUnusedLeavesTheirGradUndefinedAndAveragesTheRest) {
+  const int n = 2;
+  for (bool overlap : {true, false}) {
+    std::vector<Branches> models{Branches(), Branches()};
+    auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+    std::vector<std::vector<torch::Tensor>> grads(n);
+    auto errors = on_every_rank(n, [&](int r) {
+      kit::DistributedDataParallel::Options o;
+      o.group = groups[r].get();
+      o.overlap = overlap;
+      o.find_unused_parameters = true;
+      kit::DistributedDataParallel ddp(models[r], o);
+      torch::optim::AdamW optimizer(models[r]->parameters(), torch::optim::AdamWOptions(0.1).weight_decay(0.5));
+      for (int step = 1; step <= 2; ++step) {
+        optimizer.zero_grad();
+        // rank r's input is all (r + 1): d/da = r + 1, average 1.5; d/db = 2 on rank 1, average 1.
+        models[r]->forward(torch::full({3}, float(r + 1)), r).backward();
+        grads[r] = {models[r]->a.grad(), models[r]->b.grad(), models[r]->c.grad()};
+        EXPECT_TRUE(grads[r][0].defined() && torch::allclose(grads[r][0], torch::full({3}, 1.5f)))
+            << "rank " << r << ", step " << step;
+        EXPECT_TRUE(grads[r][1].defined() && torch::allclose(grads[r][1], torch::full({3}, 1.0f)))
+            << "rank " << r << ", step " << step << ": b, used on rank 1 only";
+        EXPECT_FALSE(grads[r][2].defined()) << "rank " << r << ", step " << step << ": c, used nowhere, "
+                                            << "has the gradient " << grads[r][2];
+        optimizer.step();
+      }
+    });
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(torch::equal(models[r]->c.detach(), torch::ones({3})))
+          << "overlap " << overlap << ", rank " << r << ": c moved to " << models[r]->c;
+  }
+}
+
+// A second gradient for one parameter in one backward: what reentrant activation checkpointing
+// does when it recomputes a block twice. The function below keeps its weight out of the outer
+// graph and runs a backward of its own for it, as a reentrant checkpoint does.
+struct Recompute : torch::autograd::Function<Recompute> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               const torch::Tensor& w) {
+    ctx->saved_data["w"] = w;
+    ctx->save_for_backward({h});
+    return h * w.detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto h = ctx->get_saved_variables()[0].detach();
+    auto w = ctx->saved_data["w"].toTensor();
+    torch::AutoGradMode on(true);
+    torch::autograd::backward({h * w}, {grad[0]});  // w's gradient, in a nested backward
+    return {grad[0] * w.detach(), torch::Tensor()};
+  }
+};
+
+struct ReentrantImpl : torch::nn::Module {
+  torch::Tensor v, w, u;
+  ReentrantImpl() {
+    v = register_parameter("v", torch::ones({2}));
+    w = register_parameter("w", torch::ones({2}));
+    u = register_parameter("u", torch::ones({2}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = x * v;
+    // u last: its gradient arrives first, in the outer backward.
+    return (Recompute::apply(h, w) + Recompute::apply(h, w)).sum() + (x * u).sum();
+  }
+};
+TORCH_MODULE(Reentrant);
+
+TEST(DDPReadyTwice, SecondGradientInOneBackwardIsAnErrorNamingTheParameter) {
+  const int n = 2;
+  std::vector<Reentrant> models{Reentrant(), Reentrant()};
+  // Without DDP the same backward is fine: w gets both contributions.
+  {
+    Reentrant plain;
+    plain->forward(torch::full({2}, 3.0f)).backward();
+    ASSERT_TRUE(torch::allclose(plain->w.grad(), torch::full({2}, 6.0f))) << plain->w.grad();
+  }
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    models[r]->forward(torch::full({2}, 3.0f)).backward();
+  });
+  for (int r = 0; r < n; ++r)
+    EXPECT_NE(errors[r].find("DistributedDataParallel: parameter 'w' got its gradient twice in one "
+                             "backward"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+}
+
+// broadcast_buffers: a forward through the wrapper starts from rank 0's buffers, as PyTorch's
+// ddp(x). The probe's buffer moves by rank + 1 at every forward (as batch norm's statistics move
+// by each rank's own batch) and records what it found. PyTorch's rule for when: the previous
+// forward through the wrapper ran with gradients (and outside no_sync).
+struct ProbeImpl : torch::nn::Module {
+  torch::Tensor w, level;
+  int rank;
+  std::vector<float> seen;
+  explicit ProbeImpl(int r) : rank(r) {
+    w = register_parameter("w", torch::ones({1}));
+    level = register_buffer("level", torch::zeros({1}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen.push_back(level.item<float>());
+    level.add_(rank + 1);
+    return x * w;
+  }
+};
+TORCH_MODULE(Probe);
+
+TEST(DDPBuffers, RankZerosBuffersAtEachForwardAsPyTorch) {
+  const int n = 2;
+  for (bool broadcast : {true, false}) {
+    std::vector<Probe> models{Probe(0), Probe(1)};
+    auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+    auto errors = on_every_rank(n, [&](int r) {
+      kit::DistributedDataParallel::Options o;
+      o.group = groups[r].get();
+      o.broadcast_buffers = broadcast;
+      kit::DistributedDataParallel ddp(models[r], o);
+      for (int step = 0; step < 3; ++step) ddp.forward(torch::ones({1})).sum().backward();
+      torch::NoGradGuard no_grad;  // evaluation: two forwards without gradients
+      ddp.forward(torch::ones({1}));
+      ddp.forward(torch::ones({1}));
+      torch::AutoGradMode train(true);
+      ddp.forward(torch::ones({1})).sum().backward();
+    });
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(models[0]->seen, (std::vector<float>{0, 1, 2, 3, 4, 5}));
+    // Rank 1 (+2 per forward): rank 0's value at the 3 training forwards and at the first
+    // evaluation forward (the previous one had gradients); its own after a forward without.
+    const std::vector<float> want = broadcast ? std::vector<float>{0, 1, 2, 3, 5, 7}
+                                              : std::vector<float>{0, 2, 4, 6, 8, 10};
+    EXPECT_EQ(models[1]->seen, want) << "broadcast_buffers " << broadcast;
+  }
+}
+
+// A sampler made before setup() with the default num_replicas and rank would give every process
+// the whole dataset; PyTorch's raises, and so does the kit's. Explicit ones need no setup().
+TEST(DistributedSamplerSetup, DefaultsBeforeSetupAreAnError) {
+  try {
+    kit::DistributedSampler sampler(size_t{10});
+    FAIL() << "made before setup(), it covers " << sampler.size() << " of 10 samples on rank "
+           << sampler.rank() << " of " << sampler.num_replicas();
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()).rfind(
+                  "DistributedSampler: made before kit::setup(), so every rank would take the whole "
+                  "dataset: call setup() first, or pass num_replicas and rank", 0), 0u)
+        << e.what_without_backtrace();
+  }
+  EXPECT_EQ(kit::DistributedSampler(10, false, 0, 2, 1).indices(), (std::vector<size_t>{1, 3, 5, 7, 9}));
 }
 
 // Gradient accumulation with no_sync(): each rank splits its share of the global batch into
