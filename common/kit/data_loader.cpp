@@ -39,7 +39,8 @@ std::vector<size_t> DistributedSampler::indices() const {
       std::swap(all[i - 1], all[j]);
     }
   }
-  size_t total = size() * static_cast<size_t>(replicas_);
+  // Without padding (DistributedEvalSampler) the slices simply stop at the end of the split.
+  size_t total = pad_ ? size() * static_cast<size_t>(replicas_) : dataset_size_;
   for (size_t k = 0; all.size() < total; ++k) all.push_back(all[k]);
   std::vector<size_t> mine;
   for (size_t k = static_cast<size_t>(rank_); k < total; k += static_cast<size_t>(replicas_))

@@ -2,7 +2,8 @@
 //
 // A DataLoader on its own reads the whole dataset (shuffled or in order), as on one GPU. Given a
 // DistributedSampler it reads only this rank's share: every rank gets a different, equally long
-// slice, and together the ranks cover the dataset once per epoch. With LoaderOptions{.workers =
+// slice, and together the ranks cover the dataset once per epoch (DistributedEvalSampler: each
+// sample exactly once, for evaluation). With LoaderOptions{.workers =
 // N}, N background threads assemble the next batches while the model trains on the current one;
 // the batches and their order stay exactly those of workers = 0.
 #pragma once
@@ -42,11 +43,18 @@ class DistributedSampler {
 
   // This rank's sample indices for the current epoch. The list is padded (by repeating its
   // start) to a multiple of the number of ranks, so every rank does the same number of steps;
-  // rank r takes every num_replicas-th index starting at r.
+  // rank r takes every num_replicas-th index starting at r. (DistributedEvalSampler: no padding.)
   std::vector<size_t> indices() const;
-  size_t size() const { return (dataset_size_ + replicas_ - 1) / replicas_; }
+  size_t size() const {
+    const size_t r = static_cast<size_t>(replicas_);
+    return pad_ ? (dataset_size_ + r - 1) / r
+                : dataset_size_ / r + (static_cast<size_t>(rank_) < dataset_size_ % r ? 1 : 0);
+  }
   int num_replicas() const { return replicas_; }
   int rank() const { return rank_; }
+
+ protected:
+  bool pad_ = true;
 
  private:
   size_t dataset_size_;
@@ -54,6 +62,22 @@ class DistributedSampler {
   uint64_t seed_;
   int replicas_, rank_;
   int64_t epoch_ = 0;
+};
+
+// The sampler of a validation or test split: the same slices as DistributedSampler without its
+// padding, in order. The padding repeats samples, so a loss averaged over a padded split depends
+// on the number of ranks; here every sample is read exactly once, and rank r's slice may be one
+// sample shorter than rank 0's. So the ranks may run different numbers of batches: evaluate with
+// per-rank sums and counts, and reduce them (ReduceOp::SUM) once, after the loop.
+class DistributedEvalSampler : public DistributedSampler {
+ public:
+  explicit DistributedEvalSampler(size_t dataset_size, int num_replicas = -1, int rank = -1)
+      : DistributedSampler(dataset_size, /*shuffle=*/false, /*seed=*/0, num_replicas, rank) {
+    pad_ = false;
+  }
+  template <typename Dataset>
+  explicit DistributedEvalSampler(const Dataset& dataset)
+      : DistributedEvalSampler(dataset.size()) {}
 };
 
 // How a DataLoader assembles its batches. workers = 0: in the training thread, when the loop

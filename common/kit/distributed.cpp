@@ -378,12 +378,21 @@ ProcessGroup& group_for(const char* what, const CallSite& site) {
 
 void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
   ProcessGroup& g = group_for("all_reduce", site);
-  std::string before = trace::enabled() && tensor.numel() == 1
-                           ? std::to_string(tensor.item<double>()) : "";
+  // Small tensors only (a loss, or an evaluation's [loss sum, token count]): the checker reads
+  // what went in and came out; the gradients' buckets would flood the trace.
+  auto values = [](const torch::Tensor& t) {
+    std::string out;
+    auto flat = t.detach().to(torch::kCPU, torch::kDouble).flatten();
+    for (int64_t i = 0; i < flat.numel(); ++i)
+      out += (i ? "," : "") + std::to_string(flat[i].item<double>());
+    return out;
+  };
+  std::string before = trace::enabled() && tensor.numel() >= 1 && tensor.numel() <= 4
+                           ? values(tensor) : "";
   g.all_reduce(tensor, op, site);
   if (!before.empty())
     trace::record("all_reduce", "op=" + std::to_string(static_cast<int>(op)) + " in=" + before +
-                                    " out=" + std::to_string(tensor.item<double>()));
+                                    " out=" + values(tensor));
 }
 
 void broadcast(torch::Tensor& tensor, int root, CallSite site) {

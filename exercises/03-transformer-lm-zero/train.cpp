@@ -78,20 +78,33 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader, T
   return mean;
 }
 
-// The mean loss over a validation or test set, without training.
+// The loss over a whole validation or test split (exercise 01's evaluate()): the loss summed
+// over every word and the words counted, both added up over the ranks, then divided.
 torch::Tensor evaluate(kit::TransformerLM& model, const Loader& loader, Trainer& trainer,
                        torch::Device device) {
   torch::NoGradGuard no_grad;
   model->eval();
-  auto total = torch::zeros({}, torch::TensorOptions().device(device));
-  int64_t batches = 0;
+  auto options = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  // The evaluation samplers do not pad, so a rank may have one batch fewer than another. ZeRO-3's
+  // forward is collective (each unit's weights are all-gathered from every rank's shard): a rank
+  // out of batches runs forwards on a one-word input, unused, as long as the busiest rank runs
+  // real ones. Every rank learns that count before the first forward, or the ranks' collectives
+  // would interleave (a forward's all_gather on one rank, this all_reduce on another).
+  auto most = torch::full({}, static_cast<double>(loader.size()), options);
+  kit::all_reduce(most, kit::ReduceOp::MAX);
+  const auto batches = static_cast<size_t>(most.item<double>());
+  auto loss_sum = torch::zeros({}, options), words = torch::zeros({}, options);
   for (kit::Batch batch : loader) {
-    total += kit::lm_loss(trainer.forward(batch.input.to(device)), batch.target.to(device));
-    ++batches;
+    auto target = batch.target.to(device);
+    auto loss = kit::lm_loss(trainer.forward(batch.input.to(device)), target);
+    loss_sum += loss.to(torch::kDouble) * target.numel();
+    words += target.numel();
   }
-  auto mean = total / static_cast<double>(batches);
-  kit::all_reduce(mean, kit::ReduceOp::AVG);
-  return mean;
+  for (size_t k = loader.size(); k < batches; ++k)
+    trainer.forward(torch::zeros({1, 1}, torch::TensorOptions().dtype(torch::kLong).device(device)));
+  auto totals = torch::stack({loss_sum, words});
+  kit::all_reduce(totals, kit::ReduceOp::SUM);  // the sums and counts of all ranks, on every rank
+  return totals[0] / totals[1];
 }
 
 // What a rank holds under DDP: every weight, every gradient, both moments of every weight.
@@ -146,8 +159,8 @@ int main(int argc, char** argv) {
   kit::LanguageModelDataset val_data(corpus.valid, args.seq_len, "valid");
   kit::LanguageModelDataset test_data(corpus.test, args.seq_len, "test");
   kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);
-  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);
-  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);
+  kit::DistributedEvalSampler val_sampler(val_data);  // every sample once: see exercise 01
+  kit::DistributedEvalSampler test_sampler(test_data);
   Loader train_loader(train_data, args.batch_size, train_sampler);
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);

@@ -13,7 +13,7 @@
 
 #include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
 #include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
-#include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
+#include "kit/data_loader.h"      // DataLoader, DistributedSampler, DistributedEvalSampler: batches
 #include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
 #include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
@@ -71,23 +71,31 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   return mean;
 }
 
-// The mean loss over a validation or test set, without training.
+// The loss over a whole validation or test split, without training: the sum of the loss over
+// every predicted word divided by the number of words. (A mean of per-batch means is not that
+// loss: the last batch is shorter, and on several ranks the slices differ in length.)
 torch::Tensor evaluate(kit::TransformerLM& model, const Loader& loader, torch::Device device) {
   torch::NoGradGuard no_grad;  // no gradients needed: saves memory and time
   model->eval();               // dropout off
-  auto total = torch::zeros({}, torch::TensorOptions().device(device));
-  int64_t batches = 0;
+  // In double: a float32 sum over 10^5 words keeps only about 3 of the loss's decimals.
+  auto options = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  auto loss_sum = torch::zeros({}, options), words = torch::zeros({}, options);
   for (kit::Batch batch : loader) {
-    total += kit::lm_loss(model->forward(batch.input.to(device)), batch.target.to(device));
-    ++batches;
+    auto target = batch.target.to(device);
+    auto loss = kit::lm_loss(model->forward(batch.input.to(device)), target);  // per-word mean
+    loss_sum += loss.to(torch::kDouble) * target.numel();
+    words += target.numel();
   }
-  auto mean = total / static_cast<double>(batches);
+  auto totals = torch::stack({loss_sum, words});  // one tensor: one collective for both
   //@ todo 10
-  //@ | Same as in train_one_epoch: average this rank's loss over all ranks.
+  //@ | `totals` holds this rank's loss sum and word count, and every rank read a different part
+  //@ | of the split. Add them up over all ranks (the same collective, another reduction), so
+  //@ | that the ratio below is the loss of the whole split, the same on every rank. Call it
+  //@ | once, after the loop: the ranks may have read different numbers of batches.
   //@ solution
-  kit::all_reduce(mean, kit::ReduceOp::AVG);  // the loss of the whole split, on every rank
+  kit::all_reduce(totals, kit::ReduceOp::SUM);  // the sums and counts of all ranks, on every rank
   //@ end
-  return mean;
+  return totals[0] / totals[1];
 }
 
 int main(int argc, char** argv) {
@@ -117,13 +125,15 @@ int main(int argc, char** argv) {
 
   //@ todo 4
   //@ | Every rank must read a different part of each split, or all ranks just repeat the same
-  //@ | work. Create a kit::DistributedSampler for each of the three datasets. Shuffle only the
-  //@ | training set, and give every rank the same seed: all ranks shuffle the same list the
-  //@ | same way, then each takes its own slice of it.
+  //@ | work. Create a kit::DistributedSampler for the training set: it shuffles, so give every
+  //@ | rank the same seed (all ranks shuffle the same list the same way, then each takes its own
+  //@ | slice of it). For the validation and test sets, a kit::DistributedEvalSampler each: it
+  //@ | reads every sample once, in order, where a DistributedSampler repeats a few to give all
+  //@ | ranks equally many, and so would make the losses depend on the number of ranks.
   //@ solution
   kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);
-  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);
-  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);
+  kit::DistributedEvalSampler val_sampler(val_data);
+  kit::DistributedEvalSampler test_sampler(test_data);
   //@ end
   //@ todo 5
   //@ | Hand train_sampler to the training loader in place of shuffle=true: the sampler does

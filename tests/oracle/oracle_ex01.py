@@ -15,7 +15,8 @@ as llm.c checks its C code against PyTorch:
      TransformerEncoder), the loss, DDP's gradient average over ranks and AdamW. It loads those
      initial weights and replays exactly the batches the trace lists;
   3. every per-step loss of rank 0 (metrics.csv), every epoch's train and validation loss and the
-     final test loss (the trainer's printed lines: averages over ranks) must match within the
+     final test loss (the trainer's printed lines: the training loss averaged over ranks, the
+     evaluation's that of the whole split, each sample read once) must match within the
      tolerance below.
 
 Only the batch order is taken from the run: the sampler's shuffle is the kit's own choice (tested
@@ -242,10 +243,20 @@ def main():
             train_means = [s / len(rank_batches[0]) for s in sums]
         else:
             model.eval()
+            # Evaluation is of the whole split: every sample once (no padding), whichever rank
+            # read it, and the loss is the sum over every word divided by the number of words.
+            read = sorted(i for b in rank_batches for idx in b for i in idx)
+            expect(read == list(range(len(read))) and
+                   len(read) == len(splits[split]) // (SEQ_LEN + 1),
+                   f"pass {k + 1} ({split}): the ranks together read every sample once",
+                   f"read {len(read)} samples, {len(read) - len(set(read))} of them twice")
             with torch.no_grad():
-                means = [sum(loss_of(model, *batch(splits[split], b)).item() for b in rank_batches[r])
-                         / len(rank_batches[r]) for r in range(args.ranks)]
-            value = sum(means) / args.ranks  # all_reduce(AVG) of the ranks' means
+                total, words = 0.0, 0
+                for b in (idx for r in range(args.ranks) for idx in rank_batches[r]):
+                    x, y = batch(splits[split], b)
+                    total += loss_of(model, x, y).double().item() * y.numel()
+                    words += y.numel()
+            value = total / words  # all_reduce(SUM) of the ranks' [loss sum, word count]
             if split == "valid":
                 mine_epochs.append((sum(train_means) / args.ranks, value))
             else:

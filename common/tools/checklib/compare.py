@@ -87,7 +87,10 @@ def events(run, rank, result_lines=()):
             site = f.get("site", "")
             fields = {k: f.get(k) for k in ("kind", "shape", "dtype")}
         elif kind == "all_reduce":
-            fields = {"value": float(f.get("in", "nan"))}
+            # One value (a loss), or a few (an evaluation's [loss sum, count]).
+            values = [float(x) for x in f.get("in", "nan").split(",")]
+            fields = {"value": values[0]}
+            fields.update({f"value {k + 1}": x for k, x in enumerate(values[1:], 1)})
         elif kind == "print0" and rank == 0 and (
                 not result_lines or any(p.search(text) for p in result_lines)):
             # Results only: a line of the student's own (a debugging print) changes no result.

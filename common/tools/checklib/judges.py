@@ -116,9 +116,10 @@ SPLITS = (("loader-train", "train", "training"), ("loader-valid", "valid", "vali
           ("loader-test", "test", "test"))
 
 
-def check_samplers(v, run, ranks, reference, splits=SPLITS):
+def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
     """TODOs sampler and loader-*. Returns {split: the loader reads through a sampler}, {split: its size}, and
-    whether the training sampler shuffles."""
+    whether the training sampler shuffles. The splits in `unpadded` must be read without padding
+    (a DistributedEvalSampler): each sample by exactly one rank."""
     n_samplers = len(run.events(0, "sampler"))
     sampler_problems, rows, uses, sizes = [], [], {}, {}
     train_shuffles = True
@@ -168,6 +169,11 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS):
         elif split != "train" and not ordered:
             sampler_problems.append(f"the {name} sampler shuffles: evaluation reads its split in "
                                     "order (shuffle=false; a DistributedSampler shuffles by default)")
+        if own and split in unpadded and 0 < overlap <= ranks - 1:
+            sampler_problems.append(
+                f"{overlap} {name} sample(s) were read by two ranks: a DistributedSampler pads its "
+                "split with repeats, so the loss would depend on the number of ranks; use a "
+                "kit::DistributedEvalSampler")
     what4 = "a DistributedSampler for each split"
     if n_samplers < len(splits):
         v.add("sampler", False, what4, f"{n_samplers} sampler(s) created on rank 0, expected "
@@ -288,13 +294,21 @@ def check_all_reduce(v, run, ranks, rules):
             v.add("all_reduce", False, what, f"rank 0 and rank {r} report a different {label} "
                   f"({a:.5f} vs {b:.5f}): each reported only its own share")
             return
-    # What every rank put in and what rank 0 reported: the reported numbers must be the means.
+    # What every rank put in and what rank 0 reported: the reported numbers must be the means of
+    # all-reduced values, or (an evaluation) the ratio of an all-reduced [loss sum, count] pair.
     calls = [[kv(f) for f in run.events(r, "all_reduce")] for r in range(ranks)]
     n = min(len(c) for c in calls)
-    ins = [[float(calls[r][k]["in"]) for r in range(ranks)] for k in range(n)]
-    means = [sum(x) / ranks for x in ins]
-    sums = [sum(x) for x in ins]
-    own = [x[0] for x in ins]
+    ins = [[[float(x) for x in calls[r][k]["in"].split(",")] for r in range(ranks)]
+           for k in range(n)]
+    means, sums, own = [], [], []
+    for x in ins:
+        if all(len(values) == 1 for values in x):
+            means.append(sum(v[0] for v in x) / ranks)
+            sums.append(sum(v[0] for v in x))
+            own.append(x[0][0])
+        elif all(len(values) == 2 for values in x) and x[0][1]:
+            means.append(sum(v[0] for v in x) / sum(v[1] for v in x))
+            own.append(x[0][0] / x[0][1])
     close = lambda x, ys: any(math.isclose(x, y, rel_tol=1e-6, abs_tol=rules.LOSS_TOL) for y in ys)  # noqa
     for label, x in reported_values(reports[0], rules):
         if close(x, means):
@@ -303,11 +317,12 @@ def check_all_reduce(v, run, ranks, rules):
             why = f"the {label} {x:.5f} is the sum over the {ranks} ranks, not their mean: " \
                   "ReduceOp::SUM without dividing by the world size; use kit::ReduceOp::AVG"
         elif close(x, own):
-            why = f"the {label} {x:.5f} is rank 0's own value, not the mean over the ranks"
+            why = f"the {label} {x:.5f} is rank 0's own value, not reduced over the ranks"
         elif n == 0:
             why = "no all_reduce was called"
         else:
-            why = f"the {label} {x:.5f} is not the mean over the ranks of any all-reduced value"
+            why = f"the {label} {x:.5f} is not the mean over the ranks of any all-reduced value " \
+                  "(nor the ratio of an all-reduced loss sum and count)"
         v.add("all_reduce", False, what, why)
         return
     # Each epoch's reported numbers, then the test loss (the rules' REDUCED when it differs).

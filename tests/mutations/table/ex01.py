@@ -3,7 +3,7 @@ format and the kinds)."""
 EXERCISE = "01-transformer-lm-ddp"
 
 AVG_TRAIN = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks"
-AVG_EVAL = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // the loss of the whole split, on every rank"
+SUM_EVAL = "kit::all_reduce(totals, kit::ReduceOp::SUM);  // the sums and counts of all ranks, on every rank"
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
     ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
@@ -22,9 +22,14 @@ MUTANTS = [
     ("train-no-shuffle", "run", "4", "the training sampler with shuffle=false",
      [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
        "train_sampler(train_data, /*shuffle=*/false, args.seed);")], ["9"]),
-    ("val-shuffles", "run", "4", "the validation sampler without shuffle=false (it shuffles "
-     "by default)",
-     [("val_sampler(val_data, /*shuffle=*/false);", "val_sampler(val_data);")], []),
+    ("val-shuffles", "run", "4", "the validation split read through a DistributedSampler "
+     "without shuffle=false (it shuffles by default)",
+     [("kit::DistributedEvalSampler val_sampler(val_data);",
+       "kit::DistributedSampler val_sampler(val_data);")], []),
+    ("val-padded", "run", "4", "the validation split read through a DistributedSampler "
+     "(shuffle=false): it pads the split with repeats, so the loss depends on the ranks",
+     [("kit::DistributedEvalSampler val_sampler(val_data);",
+       "kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);")], []),
     ("train-loader-shuffle", "run", "5", "the training loader keeps shuffle=true; the sampler "
      "is made but never used",
      [("Loader train_loader(train_data, args.batch_size, train_sampler);",
@@ -48,12 +53,12 @@ MUTANTS = [
      [("    train_sampler.set_epoch(epoch);\n", ""),
       ("    double val_loss = evaluate(",
        "    train_sampler.set_epoch(epoch);\n    double val_loss = evaluate(")], []),
-    ("sum-no-divide", "run", "10", "ReduceOp::SUM without dividing by the world size",
-     [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);"),
-      (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);")], []),
+    ("sum-no-divide", "run", "10", "the training mean reduced with ReduceOp::SUM without "
+     "dividing by the world size",
+     [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);")], []),
     ("eval-not-reduced", "run", "10", "evaluate() returns this rank's loss (its all_reduce "
      "dropped)",
-     [("  " + AVG_EVAL + "\n", "")], []),
+     [("  " + SUM_EVAL + "\n", "")], []),
     ("printf-test-loss", "run", "11", "the final test loss printed with std::printf",
      [('kit::print0("final test loss', 'std::printf("final test loss')], []),
     ("torch-save-final", "run", "12", "the final model saved with torch::save",
@@ -73,22 +78,21 @@ MUTANTS = [
      []),
     ("eval-all-reduce-rank0-only", "run", "10", "the evaluation's all_reduce inside `if (rank "
      "== 0)`: the other ranks never join it, and the run hangs until the collective timeout",
-     [(AVG_EVAL, "if (kit::get_rank() == 0) " + AVG_EVAL)], ["7", "9", "11", "13"]),
+     [(SUM_EVAL, "if (kit::get_rank() == 0) " + SUM_EVAL)], ["7", "9", "11", "13"]),
     # Correct rewrites in one program (one build less): the TODO checks and the comparison with
     # the solution's run, which does not compare the reduction op, must both let them pass.
-    ("sum-then-divide", "equivalent", "10", "ReduceOp::SUM, then divided by the world size; "
-     "and the samplers made in another order, the validation sampler with args.seed (it does "
-     "not shuffle, so the seed changes nothing); and a debugging print0 of the student's own "
-     "(no result changes) (correct: must pass)",
+    ("sum-then-divide", "equivalent", "10", "the training mean: ReduceOp::SUM, then divided by "
+     "the world size; the evaluation's sum and count: ReduceOp::AVG (their ratio is the same); "
+     "and the samplers made in another order; and a debugging print0 of the student's own (no "
+     "result changes) (correct: must pass)",
      [(AVG_TRAIN, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
        "  mean /= kit::get_world_size();"),
-      (AVG_EVAL, "kit::all_reduce(mean, kit::ReduceOp::SUM);\n"
-       "  mean /= kit::get_world_size();"),
+      (SUM_EVAL, "kit::all_reduce(totals, kit::ReduceOp::AVG);"),
       ("  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n"
-       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);\n"
-       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n",
-       "  kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);\n"
-       "  kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false, args.seed);\n"
+       "  kit::DistributedEvalSampler val_sampler(val_data);\n"
+       "  kit::DistributedEvalSampler test_sampler(test_data);\n",
+       "  kit::DistributedEvalSampler test_sampler(test_data);\n"
+       "  kit::DistributedEvalSampler val_sampler(val_data);\n"
        "  kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);\n"),
       ("    metrics.end_epoch(epoch);",
        "    kit::print0(\"debug: epoch %ld is over\\n\", epoch + 1);\n    metrics.end_epoch(epoch);")],
