@@ -683,6 +683,22 @@ TEST_P(RankZeroChooses, EveryRankLoadsRank0sChoice) {
   EXPECT_TRUE(every_step_once(out, 4));
 }
 
+// The trainers read no fault-injection variable themselves: without the preloaded hooks, the
+// test variables and the names they had before (KIT_STOP_AFTER_STEP, KIT_DIE_DURING_SAVE, read by
+// kit/checkpoint.cpp until they moved to kit/checkpoint_hooks.h) change nothing.
+TEST(Checkpoints, TrainersReadNoTestVariables) {
+  TempDir tmp;
+  for (const DeviceRuleCase& c : {kTrainerCases[0], kTrainerCases[3]}) {
+    const fs::path out = tmp.path / c.name;
+    Result r = run(job_with(c, out, {"--epochs", "2", "--max-steps", "2"}), tmp.path, c.name,
+                   {{"LD_PRELOAD", ""}, {"KIT_STOP_AFTER_STEP", "1"}, {"KIT_DIE_DURING_SAVE", "2"},
+                    {"KIT_TEST_STOP_AFTER_STEP", "1"}, {"KIT_TEST_DIE_DURING_SAVE", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r;
+    EXPECT_EQ(r.out.find("stopping after step"), std::string::npos) << r;
+    EXPECT_EQ(checkpoints(out).complete, (std::vector<long>{2, 4})) << c.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Checkpoints, RankZeroChooses, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(kTrainerCases[i.param].name);
