@@ -512,6 +512,20 @@ TEST_P(ShardedCheckpoint, WithADamagedShardOfAnotherRank) {
                  {"--zero-stage", flag}, ZERO_TRAINER_EXE);
 }
 
+// The same with rank 1's shard cut short: unchecked, rank 1 failed to read it and left, and rank
+// 0 waited for it in the load's all-gather until KIT_TIMEOUT (20 s here; expect_refused wants
+// every rank's line within 15 s).
+TEST_P(ShardedCheckpoint, WithATruncatedShardOfAnotherRank) {
+  const std::string flag = std::to_string(GetParam());
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", flag});
+  const fs::path shard = checkpoint_dir(out) / "zero" / "shard-1-of-2.pt";
+  ASSERT_TRUE(fs::exists(shard));
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_refused(tmp.path, out, 2, {"is damaged", "zero/shard-1-of-2.pt", "nothing was loaded"},
+                 {"--zero-stage", flag}, ZERO_TRAINER_EXE);
+}
+
 INSTANTIATE_TEST_SUITE_P(BadInput, ShardedCheckpoint, ::testing::Values(1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "zero" + std::to_string(i.param); });
 
