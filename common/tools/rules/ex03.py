@@ -119,7 +119,7 @@ def stop(check, stage):
     """The run at `stage`, stopped after STOP_AFTER steps (KIT_TEST_STOP_AFTER_STEP of the test
     hooks that the build's lib/libkit_test_hooks.so installs when preloaded; the trainer itself
     reads no such variable)."""
-    hooks = os.path.join(check.args.bin_dir or "", "..", "lib", "libkit_test_hooks.so")
+    hooks = os.path.join(os.path.dirname(check.tool("ddprun")), "..", "lib", "libkit_test_hooks.so")
     env = {"KIT_TEST_STOP_AFTER_STEP": str(STOP_AFTER), "LD_PRELOAD": os.path.abspath(hooks)}
     return Run(os.path.join(check.workdir, f"stopped{stage}"), check.ranks).launch(
         check.args.binary, "node", check.data, check.tool("ddprun"), stage_flags(stage), env)
