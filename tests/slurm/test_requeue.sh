@@ -12,9 +12,9 @@
 #   * nothing in the .err file but Slurm's own "CANCELLED ... DUE TO JOB REQUEUE" lines.
 # Timing: the training is paced to ~1.1 s a step by KIT_TEST_STEP_DELAY_MS of the preloaded test
 # hooks (common/testing/checkpoint_hooks_env.cpp; the numbers do not change), so that it outlasts
-# the first warning. Slurm holds a requeued job for 120 s
-# (cred_expire) before it may start again; the test moves its start time to now each time (what
-# an idle queue would do anyway), so that the test takes 1.5-2.5 minutes instead of 5-7.
+# the first warning. Slurm holds a requeued job for 120 s (cred_expire) before it may start again;
+# the test moves its start time to now each time (what an idle queue would do anyway), so that the
+# test takes 1.5-2.5 minutes instead of 5-7.
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
