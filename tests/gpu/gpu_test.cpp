@@ -479,10 +479,11 @@ TEST(Ex01OnGpus, MoreRanksThanGpusStopWithOneLine) {
 }
 
 // Stop after step 3 (KIT_TEST_STOP_AFTER_STEP of the preloaded libkit_test_hooks.so;
-// KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug descriptors go over NCCL), resume, finish: with dropout, which on a GPU draws from the CUDA
-// generator, the losses and model-final.pt are the uninterrupted run's, bit for bit. Before the
-// checkpoints held the CUDA generators, the resumed run drew other dropout masks; before
-// kit::control, the stop flag (a CPU tensor) ended the run at step 1.
+// KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug descriptors go over NCCL), resume,
+// finish: with dropout, which on a GPU draws from the CUDA generator, the losses and
+// model-final.pt are the uninterrupted run's, bit for bit. Before the checkpoints held the CUDA
+// generators, the resumed run drew other dropout masks; before kit::control, the stop flag (a
+// CPU tensor) ended the run at step 1.
 TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
   SKIP_UNLESS_NCCL(1);
   const int n = gpus();
