@@ -6,18 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
+#include <system_error>
 #include <vector>
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include "kit/checkpoint_hooks.h"
 #include "kit/compat.h"
 #include "kit/distributed.h"
 #include "kit/files.h"
@@ -54,7 +55,8 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-// Complete checkpoints (final names, no .tmp), oldest first.
+// Complete checkpoints (final names, no .tmp), oldest first, as this rank's listing shows them
+// (a test's hook may change what it shows: kit/checkpoint_hooks.h).
 std::vector<std::string> complete_checkpoints(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -65,6 +67,7 @@ std::vector<std::string> complete_checkpoints(const std::string& dir) {
     ::closedir(d);
   }
   std::sort(names.begin(), names.end());
+  if (auto& listed = testing::checkpoint_hooks().listed) listed(get_rank(), names);
   return names;
 }
 
@@ -82,15 +85,29 @@ std::vector<std::string> leftover_checkpoints(const std::string& dir) {
   return names;
 }
 
+// A checkpoint folder with everything in it, zero/ (ZeRO's shards) included. A failure (a file
+// another process holds open on NFS, say) leaves it for the next save to try again: not a reason
+// to stop a training that has just saved.
 void remove_tree(const std::string& path) {
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") std::remove((path + "/" + n).c_str());
-    }
-    ::closedir(d);
-  }
-  ::rmdir(path.c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
+}
+
+// The files of a checkpoint folder under `sub` ("zero"), as "sub/name", sorted.
+std::vector<std::string> files_under(const std::string& dir, const std::string& sub) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(dir + "/" + sub, ec))
+    if (e.is_regular_file()) out.push_back(sub + "/" + e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ZeRO's shards are rank r's alone ("zero/shard-<r>-of-<N>.pt", kit/zero_checkpoint.h): a rank
+// reads and verifies only its own, not the N-fold data of all of them.
+bool shard_of_another_rank(const std::string& file, int rank) {
+  const std::string shards = "zero/shard-";
+  return file.rfind(shards, 0) == 0 && file.rfind(shards + std::to_string(rank) + "-of-", 0) != 0;
 }
 
 std::string rng_state_bytes() {
@@ -182,6 +199,13 @@ void load_values(torch::nn::Module& module, torch::serialize::InputArchive& arch
 
 }  // namespace
 
+namespace testing {
+CheckpointHooks& checkpoint_hooks() {
+  static CheckpointHooks hooks;
+  return hooks;
+}
+}  // namespace testing
+
 void TrainState::next_epoch() {
   ++epoch;
   step_in_epoch = 0;
@@ -195,14 +219,13 @@ Checkpoints::Checkpoints(const std::string& out_dir, std::string fingerprint, in
   // limit, and SIGTERM when a job is cancelled or preempted. Either way: finish the step, save.
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  if (const char* s = std::getenv("KIT_STOP_AFTER_STEP"); s && *s) stop_after_ = std::atoll(s);
-  if (const char* s = std::getenv("KIT_STEP_DELAY_MS"); s && *s) step_delay_ms_ = std::atoll(s);
 }
 
 bool Checkpoints::stop_requested(TrainState& state) {
-  // Test-only pacing (see checkpoint.h): a slower step, the same numbers.
-  if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
-  bool mine = g_stop_signal != 0 || (stop_after_ > 0 && state.global_step == stop_after_);
+  bool mine = g_stop_signal != 0;
+  // A test's stop after a given step, or its slower step (kit/checkpoint_hooks.h).
+  if (auto& after_step = testing::checkpoint_hooks().after_step; after_step && after_step(state.global_step))
+    mine = true;
   if (everyone()) {
     // Signals reach the ranks at slightly different moments: agree, so all stop after the same
     // step. A host value: kit::control stages it through the rank's device (NCCL moves nothing
@@ -234,10 +257,11 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
 
   if (rank == 0) {
     remove_tree(tmp);
-    // A save that died half-way (node failure, KIT_DIE_DURING_SAVE) leaves a step-N.tmp folder
-    // that nothing loads. A later save of the same step replaced it, but a stop's mid-epoch step
-    // is never saved again: remove every such leftover here (with a process group the run folder
-    // is this job's; single processes use per-pid names and leave the others' alone).
+    // A save that died half-way (a node failure) leaves a step-N.tmp folder that nothing loads,
+    // with a zero/ folder of shards under ZeRO: the line above removes this step's, whole (a
+    // non-empty one made the mkdir below fail). A stop's mid-epoch step is never saved again:
+    // remove every such leftover here (with a process group the run folder is this job's;
+    // single processes use per-pid names and leave the others' alone).
     if (everyone())
       for (const std::string& n : leftover_checkpoints(dir_)) remove_tree(dir_ + "/" + n);
     if (::mkdir(tmp.c_str(), 0755) != 0)
@@ -276,9 +300,8 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     archive.write("best_val_loss", torch::tensor(state.best_val_loss, torch::kDouble));
     archive.write("epoch_loss_sum", loss_sums);  // [world]: one per rank
     write_atomically(tmp + "/state.pt", archive, "checkpoint");
-    // Fault injection for the tests: die half-way through this save, as a node failure would.
-    if (const char* d = std::getenv("KIT_DIE_DURING_SAVE"); d && std::atoll(d) == state.global_step)
-      std::raise(SIGKILL);
+    // A test may crash rank 0 here, half-way through the save (kit/checkpoint_hooks.h).
+    if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
   if (everyone()) barrier();
 
@@ -290,6 +313,9 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     for (int r = 0; r < world; ++r) files.push_back("rng-rank" + std::to_string(r) + ".bin");
     if (!cuda_rng.empty())
       for (int r = 0; r < world; ++r) files.push_back("cuda-rng-rank" + std::to_string(r) + ".bin");
+    // ZeRO: every rank's shard and zero/MANIFEST (complete: save_shard ended on a barrier). With
+    // their sums here, every rank can check its shard before a single collective of the resume.
+    for (auto& f : files_under(tmp, "zero")) files.push_back(f);
     for (auto& f : files) {
       std::string bytes = read_file(tmp + "/" + f);
       m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
@@ -323,55 +349,89 @@ TrainState Checkpoints::resume_sharded(const ShardIO& load_shard, torch::Device 
 TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
                                const ShardIO* load_shard, torch::Device device, bool require) {
   TrainState state;
-  auto all = complete_checkpoints(dir_);
-  if (all.empty()) {
+  // 0. Rank 0 chooses the checkpoint and tells the others (-1: none). Were each rank to list the
+  // folder itself, a shared file system that shows a new folder to some nodes later than to
+  // others would have the ranks load different checkpoints.
+  int64_t chosen = -1;
+  if (get_rank() == 0) {
+    auto all = complete_checkpoints(dir_);
+    if (!all.empty()) chosen = std::atoll(all.back().c_str() + 5);  // "step-<n>"
+  }
+  if (everyone())
+    chosen = control::broadcast(default_group(), torch::tensor({chosen}, torch::kLong), 0).item<int64_t>();
+  if (chosen < 0) {
     if (require)
       throw CheckpointError("--resume: no checkpoint in " + dir_ + " to continue from");
     return state;
   }
-  const std::string path = dir_ + "/" + all.back();
+  const std::string name = step_name(chosen), path = dir_ + "/" + name;
   auto refuse = [&](const std::string& why) {
     throw CheckpointError("checkpoint " + path + " " + why + "; nothing was loaded (move it away to start afresh)");
   };
 
-  // 1. Verify everything before touching the model.
-  std::istringstream manifest(read_file(path + "/MANIFEST"));
-  std::string line, config;
-  int world = 0;
-  std::vector<std::string> files;
-  std::getline(manifest, line);
-  if (line != kMagic) refuse("has no valid MANIFEST (not a kit checkpoint, or damaged)");
-  while (std::getline(manifest, line)) {
-    std::istringstream words(line);
-    std::string key;
-    words >> key;
-    if (key == "config") std::getline(words >> std::ws, config);
-    else if (key == "world_size") words >> world;
-    else if (key == "file") {
-      std::string f, sum;
-      size_t size = 0;
-      words >> f >> size >> sum;
-      std::string bytes = read_file(path + "/" + f);
-      if (bytes.size() != size)
-        refuse("is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " +
-               std::to_string(size) + " bytes");
-      if (checksum(bytes) != sum) refuse("is damaged: " + f + " fails its checksum");
-      files.push_back(f);
-    }
-  }
-  if (config != fingerprint_)
-    refuse("was written for another configuration (" + config + "), not this one (" + fingerprint_ + ")");
-  if (world != get_world_size())
-    refuse("was written by " + std::to_string(world) + " ranks; this run has " +
-           std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)");
-
-  // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
+  // 1. Verify everything before touching the model: the manifest, every file this rank will
+  // read (the shared ones, every rank's small RNG files, its own shard), the configuration.
+  // The first reason to refuse, "" if none; bad_file: its index in `listed` when a file is bad.
+  std::vector<std::string> listed, files;
+  std::string config;
+  int world = 0, bad_file = -1;
   std::vector<std::string> cuda_states;
   const std::string cuda_rng = "cuda-rng-rank" + std::to_string(get_rank()) + ".bin";
-  const bool has_cuda_rng = std::find(files.begin(), files.end(), cuda_rng) != files.end();
-  if (has_cuda_rng)
-    if (std::string why = parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states); !why.empty())
-      refuse(why);
+  bool has_cuda_rng = false;
+  const std::string why = [&]() -> std::string {
+    std::istringstream manifest(read_file(path + "/MANIFEST"));
+    std::string line;
+    std::getline(manifest, line);
+    if (line != kMagic) return "has no valid MANIFEST (not a kit checkpoint, or damaged)";
+    std::string damaged;
+    while (std::getline(manifest, line)) {
+      std::istringstream words(line);
+      std::string key;
+      words >> key;
+      if (key == "config") std::getline(words >> std::ws, config);
+      else if (key == "world_size") words >> world;
+      else if (key == "file") {
+        std::string f, sum;
+        size_t size = 0;
+        words >> f >> size >> sum;
+        listed.push_back(f);
+        if (!damaged.empty() || shard_of_another_rank(f, get_rank())) continue;
+        std::string bytes = read_file(path + "/" + f);
+        if (bytes.size() != size)
+          damaged = "is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " + std::to_string(size) + " bytes";
+        else if (checksum(bytes) != sum)
+          damaged = "is damaged: " + f + " fails its checksum";
+        if (!damaged.empty()) bad_file = static_cast<int>(listed.size()) - 1;
+        else files.push_back(f);
+      }
+    }
+    if (!damaged.empty()) return damaged;
+    if (config != fingerprint_)
+      return "was written for another configuration (" + config + "), not this one (" + fingerprint_ + ")";
+    if (world != get_world_size())
+      return "was written by " + std::to_string(world) + " ranks; this run has " +
+             std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)";
+    // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
+    has_cuda_rng = std::find(files.begin(), files.end(), cuda_rng) != files.end();
+    if (has_cuda_rng) return parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states);
+    return "";
+  }();
+  // The ranks agree before any collective of the load (ZeRO's all-gather of the shards): a rank
+  // that refused alone would leave the others waiting in it until the timeout. Entry r: 0 when
+  // rank r found everything fine, 1 + the index of its bad file, or -1 for another reason.
+  if (everyone()) {
+    auto verdict = torch::zeros({get_world_size()}, torch::kLong);
+    verdict[get_rank()] = why.empty() ? 0 : bad_file >= 0 ? bad_file + 1 : -1;
+    verdict = control::all_reduce(default_group(), verdict, ReduceOp::SUM);
+    if (why.empty())
+      for (int r = 0; r < get_world_size(); ++r) {
+        const int64_t v = verdict[r].item<int64_t>();
+        if (v > 0 && v <= static_cast<int64_t>(listed.size()))
+          refuse("is damaged: " + listed[static_cast<size_t>(v - 1)] + " fails its check on rank " + std::to_string(r));
+        if (v != 0) refuse("was refused by rank " + std::to_string(r) + " (its line says why)");
+      }
+  }
+  if (!why.empty()) refuse(why);
 
   // 2. Load: the shared state from state.pt, this rank's RNG from its own file.
   try {
@@ -410,10 +470,12 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
   }
   set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
   if (has_cuda_rng) compat::set_cuda_rng_states(cuda_states);
-  trace::record("resume", all.back());
+  trace::record("resume", name);
   print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
          static_cast<long>(state.global_step));
   return state;
 }
 
 }  // namespace kit
+
+kit::testing::CheckpointHooks* kit_testing_checkpoint_hooks() { return &kit::testing::checkpoint_hooks(); }

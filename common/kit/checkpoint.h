@@ -12,9 +12,17 @@
 // as if it had never stopped (same batches, same dropout masks, same losses).
 //
 // On disk: <out_dir>/checkpoints/step-<global step>/ with state.pt (rank 0), rng-rank<r>.bin
-// (each rank) and a MANIFEST with sizes and checksums. A folder becomes visible under its final
-// name only when complete (written as .tmp, flushed, renamed), so a crash mid-save leaves the
-// previous checkpoint as the newest. The last `keep` checkpoints are kept.
+// (each rank), under ZeRO zero/ with every rank's shard, and a MANIFEST with the size and
+// checksum of every one of these files. A folder becomes visible under its final name only when
+// complete (written as .tmp, flushed, renamed), so a crash mid-save leaves the previous checkpoint
+// as the newest (the next save removes the leftover .tmp, whole). The last `keep` checkpoints are
+// kept; older ones are removed with everything in them.
+//
+// Resume: rank 0 chooses the newest checkpoint and tells the others (a shared file system may
+// show a new folder to one node before another). Every rank verifies what it will read, and the
+// ranks agree that all is fine before anything is loaded: a damaged file, even another rank's
+// shard, is one line on every rank, never one rank waiting for the others until the timeout.
+// Tests reach in through kit/checkpoint_hooks.h; the training path reads no test variables.
 #pragma once
 
 #include <csignal>
@@ -75,16 +83,13 @@ class Checkpoints {
 
   // True (and state.stopped set) on every rank once any rank got SIGUSR1 or SIGTERM (Slurm's
   // warning before the time limit, or scancel): the ranks agree with a tiny all-reduce, so that
-  // all stop after the same step. KIT_STOP_AFTER_STEP=n requests a stop after global step n
-  // (for tests), and KIT_DIE_DURING_SAVE=n kills rank 0 in the middle of the save at step n.
-  // KIT_STEP_DELAY_MS=n (tests only) sleeps n ms here after every step: it makes a tiny training
-  // outlast a short time limit (tests/slurm/test_requeue.sh) without changing a single number.
+  // all stop after the same step. (A test's after_step hook may request a stop too.)
   bool stop_requested(TrainState& state);
 
   // ZeRO (kit/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead of
   // rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and
   // reads it back with load_shard(<checkpoint>/zero). The rest (where training is, the RNG, the
-  // manifest, the same-number-of-ranks rule) is the same as above.
+  // manifest with every shard's checksum, the same-number-of-ranks rule) is the same as above.
   using ShardIO = std::function<void(const std::string& dir)>;
   void save_sharded(const ShardIO& save_shard, TrainState& state);
   TrainState resume_sharded(const ShardIO& load_shard, torch::Device device, bool require = false);
@@ -100,8 +105,6 @@ class Checkpoints {
 
   std::string dir_, fingerprint_;
   int keep_;
-  int64_t stop_after_ = 0;
-  int64_t step_delay_ms_ = 0;
 };
 
 }  // namespace kit

@@ -9,6 +9,9 @@
 // of the weights, its AdamW moments and step count; rank 0 also writes <dir>/MANIFEST (the ZeRO
 // stage, the number of ranks, the number of parameters). Each file is written atomically
 // (kit/files.h). Loading puts every tensor back exactly: the run continues bit for bit.
+// Inside a checkpoint of kit::Checkpoints (save_sharded, <checkpoint>/zero), every shard is in
+// the checkpoint's MANIFEST with its size and checksum, and resume_sharded has each rank verify
+// its own shard, and the ranks agree, before load_zero_checkpoint's first collective.
 //
 // A shard is a slice of a layout that depends on the number of ranks, so a checkpoint loads
 // only on as many ranks as wrote it; anything else is refused with one line (resharding, which

@@ -480,12 +480,54 @@ TEST(BadInput, ShardedCheckpointOfAnotherRankCount) {
                  {"--zero-stage", "2"}, ZERO_TRAINER_EXE);
 }
 
-TEST(BadInput, ShardedCheckpointOfAnotherZeroStage) {
+// For every ZeRO stage: its checkpoint is refused by a run of the next stage, by exercise 03's
+// DDP (--zero-stage 0) and on 3 ranks.
+class ShardedCheckpoint : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedCheckpoint, OfAnotherZeroStageOrRankCount) {
+  const int stage = GetParam(), other = stage % 3 + 1;
+  const std::string flag = std::to_string(stage);
   TempDir tmp;
-  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", "2"});
-  expect_refused(tmp.path, out, 2, {"another configuration", "zero-stage 2", "zero-stage 3"},
-                 {"--zero-stage", "3"}, ZERO_TRAINER_EXE);
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", flag});
+  expect_refused(tmp.path, out, 2, {"another configuration", "zero-stage " + flag, "zero-stage " + std::to_string(other)},
+                 {"--zero-stage", std::to_string(other)}, ZERO_TRAINER_EXE);
+  expect_refused(tmp.path, out, 2, {"another configuration", "zero-stage " + flag, "zero-stage 0"},
+                 {"--zero-stage", "0"}, ZERO_TRAINER_EXE);
+  expect_refused(tmp.path, out, 3, {"was written by 2 ranks; this run has 3", "nothing was loaded"},
+                 {"--zero-stage", flag}, ZERO_TRAINER_EXE);
 }
+
+// Rank 1's shard is damaged (64 bytes in its middle overwritten). It is in the MANIFEST with its
+// checksum, each rank checks its own shard, and the ranks agree before the load's first
+// collective: one line on both ranks, at once. Unchecked, rank 1 failed alone (or loaded the
+// damage) while rank 0 waited in ZeRO's all-gather until the timeout.
+TEST_P(ShardedCheckpoint, WithADamagedShardOfAnotherRank) {
+  const std::string flag = std::to_string(GetParam());
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", flag});
+  const fs::path shard = checkpoint_dir(out) / "zero" / "shard-1-of-2.pt";
+  ASSERT_TRUE(fs::exists(shard));
+  overwrite(shard, static_cast<std::streamoff>(fs::file_size(shard) / 2), std::string(64, 'x'));
+  expect_refused(tmp.path, out, 2, {"is damaged", "zero/shard-1-of-2.pt", "nothing was loaded"},
+                 {"--zero-stage", flag}, ZERO_TRAINER_EXE);
+}
+
+// The same with rank 1's shard cut short: unchecked, rank 1 failed to read it and left, and rank
+// 0 waited for it in the load's all-gather until KIT_TIMEOUT (20 s here; expect_refused wants
+// every rank's line within 15 s).
+TEST_P(ShardedCheckpoint, WithATruncatedShardOfAnotherRank) {
+  const std::string flag = std::to_string(GetParam());
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, ZERO_TRAINER_EXE, {"--zero-stage", flag});
+  const fs::path shard = checkpoint_dir(out) / "zero" / "shard-1-of-2.pt";
+  ASSERT_TRUE(fs::exists(shard));
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_refused(tmp.path, out, 2, {"is damaged", "zero/shard-1-of-2.pt", "nothing was loaded"},
+                 {"--zero-stage", flag}, ZERO_TRAINER_EXE);
+}
+
+INSTANTIATE_TEST_SUITE_P(BadInput, ShardedCheckpoint, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return "zero" + std::to_string(i.param); });
 
 TEST(BadInput, ResumeWithoutCheckpoint) {
   TempDir tmp;

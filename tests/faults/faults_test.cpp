@@ -3,12 +3,16 @@
 // middle of a checkpoint, without losing work, and a resumed training must be the uninterrupted
 // one bit for bit.
 //
-//   faults.Faults.StopAndResumeIsBitIdentical      KIT_STOP_AFTER_STEP at 7, 15 (the last step of
+//   faults.Faults.StopAndResumeIsBitIdentical      KIT_TEST_STOP_AFTER_STEP at 7, 15 (the last step of
 //                                                  epoch 1) and 23, resuming after each stop
 //   faults.Faults.StopAtTheLastStepOfAShortEpoch   the same at the last step of a --max-steps epoch
 //   faults.Faults.SignalStopsAndResumes/{USR1,TERM} a real signal sent to ddprun
-//   faults.Faults.Rank0DiesDuringSave/{EpochEnd,StopSave}  KIT_DIE_DURING_SAVE
+//   faults.Faults.Rank0DiesDuringSave/{EpochEnd,StopSave}  KIT_TEST_DIE_DURING_SAVE
 //   faults.KillRank.AtRandomStep/<seed>_<ranks>ranks  SIGKILL one rank at a random step, 20 times
+//   faults.Checkpoints/{Rotation,StaleTmp,RankZeroChooses}.*  the checkpoint folders under DDP and
+//                                                  every ZeRO stage (see tests/faults/CMakeLists.txt)
+//
+// Fault injection comes from the preloaded test hooks (KIT_TEST_*, libkit_test_hooks.so).
 //
 // No LibTorch here: the test only starts programs and reads what they leave behind. Every test
 // makes a small corpus of its own (make_corpus, a few ms) and uses a tiny model.
@@ -64,10 +68,13 @@ struct TempDir : kit_test::TempDir {
 const std::string g_tag = "kit-faults-" + std::to_string(::getpid());
 
 // The environment of kit_test::clean_env (ours minus rank/Slurm/KIT_ settings, one thread per
-// rank) plus a short collective timeout and the tag; `extra` wins over both.
+// rank) plus a short collective timeout, the tag and the preloaded test hooks (the KIT_TEST_*
+// variables of common/testing/checkpoint_hooks_env.cpp: the trainers read none themselves);
+// `extra` wins over all of them.
 std::map<std::string, std::string> clean_env(const std::map<std::string, std::string>& extra = {}) {
   return kit_test::clean_env("KIT_FAULTS_TAG", g_tag, extra,
-                             {{"KIT_TIMEOUT", std::to_string(static_cast<int>(kCollectiveTimeout))}});
+                             {{"KIT_TIMEOUT", std::to_string(static_cast<int>(kCollectiveTimeout))},
+                              {"LD_PRELOAD", TEST_HOOKS_LIB}});
 }
 
 // Processes that still carry our tag (zombies do not count), other than ourselves.
@@ -227,7 +234,7 @@ const Reference& reference(const std::vector<std::string>& args) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stop (KIT_STOP_AFTER_STEP) and resume: bit for bit the uninterrupted run
+// Stop (KIT_TEST_STOP_AFTER_STEP) and resume: bit for bit the uninterrupted run
 // ---------------------------------------------------------------------------------------------
 
 // 2 epochs of 15 steps with dropout (so the random-number state matters). Stop after step 7
@@ -249,7 +256,7 @@ TEST(Faults, StopAndResumeIsBitIdentical) {
   std::string all_out;
   for (long k : {7L, per_epoch, per_epoch + 8}) {
     Result r = run(job(2, out, args), tmp.path, "stop" + std::to_string(k),
-                   {{"KIT_STOP_AFTER_STEP", std::to_string(k)}});
+                   {{"KIT_TEST_STOP_AFTER_STEP", std::to_string(k)}});
     ASSERT_EQ(r.exit_code, 0) << "a requested stop is a clean exit\n" << r;
     EXPECT_NE(r.out.find("stopping after step " + std::to_string(k) + ": checkpoint " +
                          (out / "checkpoints" / step_dir(k)).string() + " written"),
@@ -288,7 +295,7 @@ TEST(Faults, StopAtTheLastStepOfAShortEpoch) {
 
   TempDir tmp;
   const fs::path out = tmp.path / "run";
-  Result r = run(job(2, out, args), tmp.path, "stop", {{"KIT_STOP_AFTER_STEP", "8"}});
+  Result r = run(job(2, out, args), tmp.path, "stop", {{"KIT_TEST_STOP_AFTER_STEP", "8"}});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_NE(r.out.find("stopping after step 8: checkpoint"), std::string::npos) << r;
   Result again = run(job(2, out, args), tmp.path, "resumed");
@@ -317,7 +324,7 @@ TEST_P(SignalStop, StopsAndResumesBitIdentical) {
   fs::create_directories(trace);
   // 30 ms per step (test-only pacing): the signal lands in the middle of the training.
   Process p(job(2, out, args),
-            clean_env({{"KIT_TRACE_DIR", trace.string()}, {"KIT_STEP_DELAY_MS", "30"}}), tmp.path, "signalled");
+            clean_env({{"KIT_TRACE_DIR", trace.string()}, {"KIT_TEST_STEP_DELAY_MS", "30"}}), tmp.path, "signalled");
   auto deadline = Clock::now() + std::chrono::seconds(30);
   while (traced_steps(trace, 0) < 5 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -371,8 +378,8 @@ TEST_P(DieDuringSave, PreviousCheckpointStaysLoadable) {
 
   TempDir tmp;
   const fs::path out = tmp.path / "run";
-  std::map<std::string, std::string> env = {{"KIT_DIE_DURING_SAVE", std::to_string(die_at)}};
-  if (stop_save) env["KIT_STOP_AFTER_STEP"] = std::to_string(die_at);
+  std::map<std::string, std::string> env = {{"KIT_TEST_DIE_DURING_SAVE", std::to_string(die_at)}};
+  if (stop_save) env["KIT_TEST_STOP_AFTER_STEP"] = std::to_string(die_at);
   Result r = run(job(2, out, args), tmp.path, "dies", env, 60);
   EXPECT_FALSE(r.timed_out) << r;
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r;
@@ -528,7 +535,7 @@ TEST_P(NcclDeviceRule, StopSaveResumeWithNoHostTensor) {
     return env;
   };
   const fs::path out = tmp.path / "fakegpu";
-  Result stop = run(job_of(out), tmp.path, "stop", with(check, "KIT_STOP_AFTER_STEP", "3"));
+  Result stop = run(job_of(out), tmp.path, "stop", with(check, "KIT_TEST_STOP_AFTER_STEP", "3"));
   ASSERT_EQ(stop.exit_code, 0) << "a host tensor reached a collective?\n" << stop;
   EXPECT_NE(stop.out.find("device fakegpu:0"), std::string::npos) << "the mode was not on\n" << stop;
   EXPECT_NE(stop.out.find("stopping after step 3"), std::string::npos) << stop;
@@ -560,5 +567,141 @@ TEST(DeviceCheck, UnknownValueIsOneErrorLine) {
   EXPECT_FALSE(r.timed_out) << r;
   EXPECT_NE(r.err.find("KIT_DEVICE_CHECK=cuda is not a check: use nccl"), std::string::npos) << r;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint folders: rotation, leftovers, which checkpoint the ranks load
+// ---------------------------------------------------------------------------------------------
+
+// The trainers of the checkpoint cases: DDP (exercise 01) and every ZeRO stage (exercise 03).
+const DeviceRuleCase kTrainerCases[] = {
+    {"ddp", TRAINER_EXE, {}},
+    {"zero1", EX03_EXE, {"--zero-stage", "1"}},
+    {"zero2", EX03_EXE, {"--zero-stage", "2"}},
+    {"zero3", EX03_EXE, {"--zero-stage", "3"}},
+};
+
+std::vector<std::string> job_with(const DeviceRuleCase& c, const fs::path& out, std::vector<std::string> args) {
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  auto argv = job(2, out, args);
+  argv[4] = c.exe;  // ddprun --nproc-per-node 2 -- EXE ...
+  return argv;
+}
+
+// Bytes of the files under `dir`, subfolders included.
+uintmax_t disk_use(const fs::path& dir) {
+  uintmax_t bytes = 0;
+  std::error_code ec;
+  for (auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file()) bytes += e.file_size();
+  return bytes;
+}
+
+// --keep-checkpoints 2 over 5 saves (epochs of 2 steps): only the newest 2 folders stay, and the
+// folder holds no more than those two (ZeRO's zero/ of the removed ones included: a
+// non-recursive removal left them, so the disk filled with one whole training state per save).
+// Every shard is in the MANIFEST with its size and checksum.
+class Rotation : public ::testing::TestWithParam<int> {};
+
+TEST_P(Rotation, KeepsOnlyTheNewestFolders) {
+  const DeviceRuleCase& c = kTrainerCases[GetParam()];
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  Result r = run(job_with(c, out, {"--epochs", "5", "--max-steps", "2", "--keep-checkpoints", "2"}),
+                 tmp.path, "rotate");
+  ASSERT_EQ(r.exit_code, 0) << r;
+  auto got = checkpoints(out);
+  EXPECT_EQ(got.complete, (std::vector<long>{8, 10}));
+  EXPECT_TRUE(got.leftovers.empty());
+  std::vector<std::string> folders;
+  for (auto& e : fs::directory_iterator(out / "checkpoints")) folders.push_back(e.path().filename().string());
+  EXPECT_EQ(folders.size(), 2u) << "checkpoints/ holds more than the 2 kept folders";
+  const fs::path newest = out / "checkpoints" / step_dir(10);
+  EXPECT_LE(disk_use(out / "checkpoints"), 2 * disk_use(newest) + 4096)
+      << "checkpoints/ holds more than two checkpoints' worth of bytes";
+  const std::string manifest = read_file(newest / "MANIFEST");
+  const bool zero = !c.args.empty();
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string shard = "file zero/shard-" + std::to_string(rank) + "-of-2.pt ";
+    EXPECT_EQ(manifest.find(shard) != std::string::npos, zero) << shard << "in\n" << manifest;
+    if (zero) EXPECT_TRUE(fs::exists(newest / "zero" / ("shard-" + std::to_string(rank) + "-of-2.pt")));
+  }
+  if (zero) EXPECT_NE(manifest.find("file zero/MANIFEST "), std::string::npos) << manifest;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, Rotation, ::testing::Range(0, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(kTrainerCases[i.param].name);
+                         });
+
+// Rank 0 dies half-way through the epoch-end save of step 2 under ZeRO: step-2.tmp is left with
+// the shards in zero/. The next run has no checkpoint, trains from the start and saves step 2
+// again: the leftover of that very step is removed whole first (a non-recursive removal failed
+// on zero/, and then so did the save: "cannot create ...step-000000002.tmp").
+class StaleTmp : public ::testing::TestWithParam<int> {};
+
+TEST_P(StaleTmp, DoesNotBreakTheNextSaveOfItsStep) {
+  const DeviceRuleCase& c = kTrainerCases[GetParam()];
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  const std::vector<std::string> args = {"--epochs", "2", "--max-steps", "2"};
+  Result dies = run(job_with(c, out, args), tmp.path, "dies", {{"KIT_TEST_DIE_DURING_SAVE", "2"}}, 60);
+  ASSERT_EQ(dies.exit_code, 128 + SIGKILL) << dies;
+  auto got = checkpoints(out);
+  ASSERT_TRUE(got.complete.empty());
+  ASSERT_EQ(got.leftovers, std::vector<std::string>{step_dir(2) + ".tmp"});
+  ASSERT_TRUE(fs::exists(out / "checkpoints" / got.leftovers[0] / "zero" / "shard-1-of-2.pt"));
+
+  Result again = run(job_with(c, out, args), tmp.path, "again");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  got = checkpoints(out);
+  EXPECT_EQ(got.complete, (std::vector<long>{2, 4}));
+  EXPECT_TRUE(got.leftovers.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, StaleTmp, ::testing::Values(1, 3),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(kTrainerCases[i.param].name);
+                         });
+
+// Rank 1's listing of the checkpoints folder shows a newer checkpoint that rank 0's does not
+// (KIT_TEST_PHANTOM_CHECKPOINT: as a shared file system that shows a folder to one node first
+// would). Rank 0 chooses, rank 1 follows: the run resumes from step 2 on both and finishes. When
+// every rank chose for itself, rank 1 went for the phantom and the run failed.
+class RankZeroChooses : public ::testing::TestWithParam<int> {};
+
+TEST_P(RankZeroChooses, EveryRankLoadsRank0sChoice) {
+  const DeviceRuleCase& c = kTrainerCases[GetParam()];
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  Result first = run(job_with(c, out, {"--epochs", "1", "--max-steps", "2"}), tmp.path, "first");
+  ASSERT_EQ(first.exit_code, 0) << first;
+  Result resumed = run(job_with(c, out, {"--epochs", "2", "--max-steps", "2"}), tmp.path, "resumed",
+                       {{"KIT_TEST_PHANTOM_CHECKPOINT", "1"}});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed;
+  EXPECT_NE(resumed.out.find("resuming from " + (out / "checkpoints" / step_dir(2)).string()),
+            std::string::npos) << resumed;
+  EXPECT_TRUE(every_step_once(out, 4));
+}
+
+// The trainers read no fault-injection variable themselves: without the preloaded hooks, the
+// test variables and the names they had before (KIT_STOP_AFTER_STEP, KIT_DIE_DURING_SAVE, read by
+// kit/checkpoint.cpp until they moved to kit/checkpoint_hooks.h) change nothing.
+TEST(Checkpoints, TrainersReadNoTestVariables) {
+  TempDir tmp;
+  for (const DeviceRuleCase& c : {kTrainerCases[0], kTrainerCases[3]}) {
+    const fs::path out = tmp.path / c.name;
+    Result r = run(job_with(c, out, {"--epochs", "2", "--max-steps", "2"}), tmp.path, c.name,
+                   {{"LD_PRELOAD", ""}, {"KIT_STOP_AFTER_STEP", "1"}, {"KIT_DIE_DURING_SAVE", "2"},
+                    {"KIT_TEST_STOP_AFTER_STEP", "1"}, {"KIT_TEST_DIE_DURING_SAVE", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r;
+    EXPECT_EQ(r.out.find("stopping after step"), std::string::npos) << r;
+    EXPECT_EQ(checkpoints(out).complete, (std::vector<long>{2, 4})) << c.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, RankZeroChooses, ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(kTrainerCases[i.param].name);
+                         });
 
 }  // namespace

@@ -478,11 +478,12 @@ TEST(Ex01OnGpus, MoreRanksThanGpusStopWithOneLine) {
   EXPECT_EQ(run.out.find("final test loss"), std::string::npos) << run;
 }
 
-// Stop after step 3 (KIT_STOP_AFTER_STEP, KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug
-// descriptors go over NCCL), resume, finish: with dropout, which on a GPU draws from the CUDA
-// generator, the losses and model-final.pt are the uninterrupted run's, bit for bit. Before the
-// checkpoints held the CUDA generators, the resumed run drew other dropout masks; before
-// kit::control, the stop flag (a CPU tensor) ended the run at step 1.
+// Stop after step 3 (KIT_TEST_STOP_AFTER_STEP of the preloaded libkit_test_hooks.so;
+// KIT_DEBUG_COLLECTIVES=1: the stop flag and the debug descriptors go over NCCL), resume,
+// finish: with dropout, which on a GPU draws from the CUDA generator, the losses and
+// model-final.pt are the uninterrupted run's, bit for bit. Before the checkpoints held the CUDA
+// generators, the resumed run drew other dropout masks; before kit::control, the stop flag (a
+// CPU tensor) ended the run at step 1.
 TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
   SKIP_UNLESS_NCCL(1);
   const int n = gpus();
@@ -508,7 +509,8 @@ TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
   };
   kit_test::Result whole = run("whole", {});
   ASSERT_EQ(whole.exit_code, 0) << whole;
-  kit_test::Result stop = run("parts", {{"KIT_STOP_AFTER_STEP", "3"}, {"KIT_DEBUG_COLLECTIVES", "1"}});
+  kit_test::Result stop = run("parts", {{"KIT_TEST_STOP_AFTER_STEP", "3"}, {"LD_PRELOAD", TEST_HOOKS_LIB},
+                                        {"KIT_DEBUG_COLLECTIVES", "1"}});
   ASSERT_EQ(stop.exit_code, 0) << stop;
   ASSERT_NE(stop.out.find("stopping after step 3"), std::string::npos) << stop;
   EXPECT_TRUE(fs::exists(dir.path / "parts" / "checkpoints" / "step-000000003" / "cuda-rng-rank0.bin"))

@@ -10,10 +10,11 @@
 #     interruption (ddprun, 2 ranks), and metrics.csv holds every step once with the same losses
 #     (bit for bit, %.9g);
 #   * nothing in the .err file but Slurm's own "CANCELLED ... DUE TO JOB REQUEUE" lines.
-# Timing: the training is paced to ~1.1 s a step by the test-only KIT_STEP_DELAY_MS (the numbers
-# do not change), so that it outlasts the first warning. Slurm holds a requeued job for 120 s
-# (cred_expire) before it may start again; the test moves its start time to now each time (what
-# an idle queue would do anyway), so that the test takes 1.5-2.5 minutes instead of 5-7.
+# Timing: the training is paced to ~1.1 s a step by KIT_TEST_STEP_DELAY_MS of the preloaded test
+# hooks (common/testing/checkpoint_hooks_env.cpp; the numbers do not change), so that it outlasts
+# the first warning. Slurm holds a requeued job for 120 s (cred_expire) before it may start again;
+# the test moves its start time to now each time (what an idle queue would do anyway), so that the
+# test takes 1.5-2.5 minutes instead of 5-7.
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -41,7 +42,7 @@ release_requeued &
 releaser=$!
 trap 'kill "$releaser" 2>/dev/null; stop_cluster' EXIT
 
-KIT_STEP_DELAY_MS=1100 JOB_TIMEOUT=200 submit "$work/job" "$SBATCH_DIR/solution.sbatch" \
+LD_PRELOAD=$BUILD/lib/libkit_test_hooks.so KIT_TEST_STEP_DELAY_MS=1100 JOB_TIMEOUT=200 submit "$work/job" "$SBATCH_DIR/solution.sbatch" \
   --nodes=1 --gres=gpu:2 --time=1 --signal=B:USR1@50 -- "${flags[@]}"
 kill "$releaser" 2>/dev/null
 run=$work/job/runs/ex01-$JOB

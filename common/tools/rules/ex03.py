@@ -116,8 +116,11 @@ def stage_flags(stage):
 
 
 def stop(check, stage):
-    """The run at `stage`, stopped after STOP_AFTER steps (KIT_STOP_AFTER_STEP)."""
-    env = {"KIT_STOP_AFTER_STEP": str(STOP_AFTER)}
+    """The run at `stage`, stopped after STOP_AFTER steps (KIT_TEST_STOP_AFTER_STEP of the test
+    hooks that the build's lib/libkit_test_hooks.so installs when preloaded; the trainer itself
+    reads no such variable)."""
+    hooks = os.path.join(os.path.dirname(check.tool("ddprun")), "..", "lib", "libkit_test_hooks.so")
+    env = {"KIT_TEST_STOP_AFTER_STEP": str(STOP_AFTER), "LD_PRELOAD": os.path.abspath(hooks)}
     return Run(os.path.join(check.workdir, f"stopped{stage}"), check.ranks).launch(
         check.args.binary, "node", check.data, check.tool("ddprun"), stage_flags(stage), env)
 
