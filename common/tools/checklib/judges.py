@@ -224,8 +224,8 @@ def check_ddp_forward(v, run, ranks):
     if short is None:
         v.add("ddp_forward", True, what)
         return
-    why = f"rank {short} copied rank 0's buffers {copies[short]} times in {steps} steps: the " \
-          "training forward calls model->forward(x), not ddp.forward(x) (or " \
+    why = f"DDP broadcast rank 0's buffers {copies[short]} times in {steps} steps on rank " \
+          f"{short}: the training forward calls model->forward(x), not ddp.forward(x) (or " \
           "broadcast_buffers is off), so each rank's batch norm keeps statistics of its own " \
           "batches only, where Python's ddp_model(x) would start every forward from rank 0's"
     sums = [[kv(f).get("buffers") for f in run.events(r, "forward")] for r in range(ranks)]
