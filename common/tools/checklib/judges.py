@@ -468,7 +468,9 @@ def check_eval_model(v, run, ranks):
             other = next(r for r in range(1, ranks) if sums[r][k] != sums[0][k])
             v.add("bn_stats", False, what, f"at evaluation {k + 1} rank 0 and rank {other} hold "
                   "different running statistics: each rank updated its own from its own "
-                  "batches (buffers are not averaged with the gradients), so each evaluates "
+                  "batches (buffers are not averaged with the gradients; ddp.forward copies "
+                  "rank 0's before each training forward, but every rank then adds its own "
+                  "batch), so each evaluates "
                   "another model and rank 0 saves only its own; average them over the ranks "
                   "before evaluating")
             return
