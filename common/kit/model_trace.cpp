@@ -31,6 +31,14 @@ void save_initial_weights(const torch::nn::Module& model) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+// The sum of every floating-point buffer (batch norm's running statistics; 0 without any).
+double buffer_sum(const torch::nn::Module& model) {
+  double sum = 0;
+  for (const auto& b : model.buffers())
+    if (b.is_floating_point()) sum += b.to(torch::kDouble).sum().item<double>();
+  return sum;
+}
+
 }  // namespace
 
 void record_training_forward(const torch::nn::Module& model, int64_t step) {
@@ -43,7 +51,8 @@ void record_training_forward(const torch::nn::Module& model, int64_t step) {
     if (device.empty()) device = p.device().str();
   }
   std::ostringstream fields;
-  fields << "step=" << step << " params=" << std::setprecision(17) << sum << " device=" << device;
+  fields << "step=" << step << " params=" << std::setprecision(17) << sum
+         << " buffers=" << buffer_sum(model) << " device=" << device;
   record("forward", fields.str());
   if (step == 1) save_initial_weights(model);
 }
@@ -51,11 +60,8 @@ void record_training_forward(const torch::nn::Module& model, int64_t step) {
 void record_evaluation(const torch::nn::Module& model) {
   if (!enabled()) return;
   torch::NoGradGuard no_grad;
-  double sum = 0;
-  for (const auto& b : model.buffers())
-    if (b.is_floating_point()) sum += b.to(torch::kDouble).sum().item<double>();
   std::ostringstream fields;
-  fields << "buffers=" << std::setprecision(17) << sum;
+  fields << "buffers=" << std::setprecision(17) << buffer_sum(model);
   record("evaluate", fields.str());
 }
 

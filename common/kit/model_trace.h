@@ -13,8 +13,10 @@ namespace kit::trace {
 // gave cpu) leaves no other trace, because CPU tensors always report plain "cpu".
 void record_model_to(torch::Device device);
 
-// At the start of a training forward: "forward step=N params=<sum of every weight> device=...".
-// Ranks whose replicas are in sync record the same sum at the same step. At step 1, with
+// At the start of a training forward: "forward step=N params=<sum of every weight>
+// buffers=<sum of every floating-point buffer> device=...". Ranks whose replicas are in sync
+// record the same params at the same step; the same buffers only where something made them equal
+// (DDP's broadcast_buffers at ddp.forward: the checker tells a forward that bypassed it by them). At step 1, with
 // KIT_TRACE_WEIGHTS=1, also writes the weights that step starts from (after DDP's broadcast:
 // rank 0's on every rank) as a name -> tensor dictionary that Python's torch.load reads.
 // No-op while tracing is off.

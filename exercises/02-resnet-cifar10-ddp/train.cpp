@@ -30,6 +30,12 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
   auto correct = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t images = 0;
   for (kit::Batch batch : loader) {
+    // The model itself, not a DDP wrapper (Python's ddp_model.module(x)): in training, every
+    // forward goes through ddp.forward, which copies rank 0's batch-norm statistics to all ranks
+    // (broadcast_buffers). Here that copy would undo TODO 13: the first forward of an evaluation
+    // would replace the statistics averaged over every rank's data by rank 0's own, and without
+    // TODO 13 it would hide that the ranks' statistics differ. Evaluation only reads weights and
+    // statistics, so it needs nothing from the wrapper.
     auto logits = model->forward(batch.input.to(device));
     auto target = batch.target.to(device);
     loss += torch::nn::functional::cross_entropy(
@@ -74,7 +80,9 @@ int main(int argc, char** argv) {
 
   kit::ResNet model(kit::ResNetOptions{.width = args.width, .blocks = args.blocks});
   model->to(device);
-  // TODO 7: Wrap the model in kit::DistributedDataParallel (name it ddp: TODO 15 needs it).
+  // TODO 7: Wrap the model in kit::DistributedDataParallel (name it ddp: TODO 15 needs it), and run
+  //         the training forward through the wrapper (second place, in the training loop), as
+  //         Python's ddp_model(x): it first copies rank 0's batch-norm buffers to every rank.
   // TODO 14: --lr was tuned for one process and a batch of args.lr_base_batch() images. A step now
   //          sees batch x world_size images: scale the rate by the rule of --lr-scaling with
   //          kit::scale_lr (kit/lr_rule.h). Scale once: warm-up below multiplies, it does not scale.
@@ -103,6 +111,7 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
+        // TODO 7:
         auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
                     static_cast<double>(micro);
         // TODO 15: Every backward under DDP averages the gradients over the ranks. With K micro-batches
@@ -125,8 +134,8 @@ int main(int argc, char** argv) {
     //          buffers), and each rank updated its own from its own batches. Evaluation uses them, and
     //          rank 0 saves its own. Average them over the ranks (kit::running_statistics(*model)
     //          lists them), so that every rank evaluates, and rank 0 saves, the same model, made of
-    //          every rank's data. (PyTorch's DDP, and ddp.forward here, copy rank 0's buffers to all
-    //          at each training forward: they then hold rank 0's batches, plus each rank's last one.
+    //          every rank's data. (PyTorch's DDP, and ddp.forward of TODO 7, copy rank 0's buffers to
+    //          all at each training forward: they then hold rank 0's batches, plus each rank's last one.
     //          Averaging is what timm's distribute_bn does in Python.)
     auto [loss, accuracy] = evaluate(model, test_loader, device);
     test_loss = loss.item<double>(), test_acc = accuracy.item<double>();

@@ -35,6 +35,12 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
   auto correct = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t images = 0;
   for (kit::Batch batch : loader) {
+    // The model itself, not a DDP wrapper (Python's ddp_model.module(x)): in training, every
+    // forward goes through ddp.forward, which copies rank 0's batch-norm statistics to all ranks
+    // (broadcast_buffers). Here that copy would undo TODO 13: the first forward of an evaluation
+    // would replace the statistics averaged over every rank's data by rank 0's own, and without
+    // TODO 13 it would hide that the ranks' statistics differ. Evaluation only reads weights and
+    // statistics, so it needs nothing from the wrapper.
     auto logits = model->forward(batch.input.to(device));
     auto target = batch.target.to(device);
     loss += torch::nn::functional::cross_entropy(
@@ -104,7 +110,9 @@ int main(int argc, char** argv) {
   kit::ResNet model(kit::ResNetOptions{.width = args.width, .blocks = args.blocks});
   model->to(device);
   //@ todo 7
-  //@ | Wrap the model in kit::DistributedDataParallel (name it ddp: TODO 15 needs it).
+  //@ | Wrap the model in kit::DistributedDataParallel (name it ddp: TODO 15 needs it), and run
+  //@ | the training forward through the wrapper (second place, in the training loop), as
+  //@ | Python's ddp_model(x): it first copies rank 0's batch-norm buffers to every rank.
   //@ solution
   kit::DistributedDataParallel ddp(model);  // rank 0's weights everywhere; averaged gradients
   //@ end
@@ -144,8 +152,15 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
+        //@ todo 7
         auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
                     static_cast<double>(micro);
+        //@ solution
+        // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
+        // to every rank first (DDP's broadcast_buffers, on by default), then model->forward.
+        auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
+                    static_cast<double>(micro);
+        //@ end
         //@ todo 15
         //@ | Every backward under DDP averages the gradients over the ranks. With K micro-batches
         //@ | only the last one needs to: run the others inside ddp.no_sync() (kit/ddp.h), and
@@ -180,8 +195,8 @@ int main(int argc, char** argv) {
     //@ | buffers), and each rank updated its own from its own batches. Evaluation uses them, and
     //@ | rank 0 saves its own. Average them over the ranks (kit::running_statistics(*model)
     //@ | lists them), so that every rank evaluates, and rank 0 saves, the same model, made of
-    //@ | every rank's data. (PyTorch's DDP, and ddp.forward here, copy rank 0's buffers to all
-    //@ | at each training forward: they then hold rank 0's batches, plus each rank's last one.
+    //@ | every rank's data. (PyTorch's DDP, and ddp.forward of TODO 7, copy rank 0's buffers to
+    //@ | all at each training forward: they then hold rank 0's batches, plus each rank's last one.
     //@ | Averaging is what timm's distribute_bn does in Python.)
     //@ solution
     for (auto stat : kit::running_statistics(*model)) kit::all_reduce(stat, kit::ReduceOp::AVG);

@@ -31,6 +31,12 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
   auto correct = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t images = 0;
   for (kit::Batch batch : loader) {
+    // The model itself, not a DDP wrapper (Python's ddp_model.module(x)): in training, every
+    // forward goes through ddp.forward, which copies rank 0's batch-norm statistics to all ranks
+    // (broadcast_buffers). Here that copy would undo TODO 13: the first forward of an evaluation
+    // would replace the statistics averaged over every rank's data by rank 0's own, and without
+    // TODO 13 it would hide that the ranks' statistics differ. Evaluation only reads weights and
+    // statistics, so it needs nothing from the wrapper.
     auto logits = model->forward(batch.input.to(device));
     auto target = batch.target.to(device);
     loss += torch::nn::functional::cross_entropy(
@@ -95,7 +101,9 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
-        auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
+        // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
+        // to every rank first (DDP's broadcast_buffers, on by default), then model->forward.
+        auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
                     static_cast<double>(micro);
         if (k + 1 < micro) {
           auto quiet = ddp.no_sync();  // only adds to this rank's .grad

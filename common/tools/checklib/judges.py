@@ -212,6 +212,38 @@ def check_ddp(v, run, ranks):
         v.add("ddp", True, what, "")
 
 
+def check_ddp_forward(v, run, ranks):
+    """For a model with buffers (batch norm): the training forward goes through ddp.forward,
+    which copies rank 0's buffers to every rank first (kit/ddp.h: broadcast_buffers, PyTorch's
+    default), each copy traced as ddp_buffers. PyTorch's rule skips the copy after a forward made
+    inside no_sync(), so a trainer that runs a step's first K-1 micro-batches wholly inside the
+    guard copies once per step: at least one copy per optimizer step on every rank passes."""
+    what = "the training forward goes through the wrapper (ddp.forward: rank 0's batch-norm " \
+           "buffers to every rank first)"
+    if not all(run.events(r, "ddp") for r in range(ranks)):
+        return  # no DistributedDataParallel: check_ddp says so
+    steps = len(run.events(0, "step"))
+    if steps == 0:
+        return  # check_ddp says no training step was traced
+    copies = [len(run.events(r, "ddp_buffers")) for r in range(ranks)]
+    short = next((r for r in range(ranks) if copies[r] < steps), None)
+    if short is None:
+        v.add("ddp_forward", True, what)
+        return
+    why = f"DDP broadcast rank 0's buffers {copies[short]} times in {steps} steps on rank " \
+          f"{short}: the training forward calls model->forward(x), not ddp.forward(x) (or " \
+          "broadcast_buffers is off), so each rank's batch norm keeps statistics of its own " \
+          "batches only, where Python's ddp_model(x) would start every forward from rank 0's"
+    sums = [[kv(f).get("buffers") for f in run.events(r, "forward")] for r in range(ranks)]
+    for k in range(min(map(len, sums))):
+        other = next((r for r in range(1, ranks) if sums[r][k] != sums[0][k]), None)
+        if other is not None:
+            why += f" (from training forward {k + 1} on, rank 0 and rank {other} start with " \
+                   "different running statistics)"
+            break
+    v.add("ddp_forward", False, what, why)
+
+
 def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
     """Judged by the order in which the training samples were read: epoch 2 must not repeat epoch
     1, whatever was called. The set_epoch calls in the trace only help to say why it did."""
@@ -451,7 +483,9 @@ def check_eval_model(v, run, ranks):
             other = next(r for r in range(1, ranks) if sums[r][k] != sums[0][k])
             v.add("bn_stats", False, what, f"at evaluation {k + 1} rank 0 and rank {other} hold "
                   "different running statistics: each rank updated its own from its own "
-                  "batches (buffers are not averaged with the gradients), so each evaluates "
+                  "batches (buffers are not averaged with the gradients; ddp.forward copies "
+                  "rank 0's before each training forward, but every rank then adds its own "
+                  "batch), so each evaluates "
                   "another model and rank 0 saves only its own; average them over the ranks "
                   "before evaluating")
             return

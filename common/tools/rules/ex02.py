@@ -34,8 +34,9 @@ PLACES = {"init": ("kit::ResNet model(", "the line that creates the model"),
           "final": ("evaluate(model, test_loader", "the evaluation")}
 
 LABELS = {"include": "1", "setup": "2-3", "sampler": "4", "loader-train": "5",
-          "loader-test": "6", "ddp": "7", "set_epoch": "8", "all_reduce": "9", "print0": "10",
-          "save0": "11", "destroy": "12", "bn_stats": "13", "lr": "14", "no_sync": "15"}
+          "loader-test": "6", "ddp": "7", "ddp_forward": "7", "set_epoch": "8", "all_reduce": "9",
+          "print0": "10", "save0": "11", "destroy": "12", "bn_stats": "13", "lr": "14",
+          "no_sync": "15"}
 
 
 def data_key():
@@ -58,6 +59,7 @@ def judge(check):
         # update (TODO 14), and is their cause.
         judges.check_no_sync(v, many, ranks, ACCUM)
         judges.check_ddp(v, many, ranks)
+        judges.check_ddp_forward(v, many, ranks)  # batch norm's buffers: ddp.forward, TODO 7 too
         judges.check_set_epoch(v, many, ranks, uses.get("train"), sizes.get("train"), check.rules,
                                shuffles)
         judges.check_eval_model(v, many, ranks)
