@@ -50,7 +50,7 @@ BUGS = [
      "group->all_reduce_async({b.flat}, ReduceOp::SUM)",
      ["ddp"], "DDP sums the ranks' gradients instead of averaging them"),
     ("ddp-no-broadcast", "common/kit/ddp.cpp",
-     "      r.group->broadcast(flat, 0);\n",
+     "    broadcast_from_rank0(*r.group, state);\n",
      "",
      ["ddp", "student"], "DDP does not copy rank 0's weights to the other ranks"),
     ("sampler-same-slice", "common/kit/data_loader.cpp",
