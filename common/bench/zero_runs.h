@@ -32,6 +32,7 @@ inline torch::optim::AdamWOptions adamw() {
 struct Setup {
   kit::TransformerLMOptions model;
   int64_t global_batch = 8, steps = 4;
+  double max_grad_norm = 0;  // > 0: gradients clipped to this global norm (DDP: clip_grad_norm_)
 };
 
 // Step k's global batch (inputs, targets), the same for every run; rank r reads its rows.
@@ -49,6 +50,7 @@ struct RankRun {
   kit::HeldBytes held;          // after the last step
   std::map<std::string, int64_t> step_bytes;  // handed to each kind of collective in one step
   int64_t P = 0, padded = 0;
+  std::vector<double> grad_norms;  // with max_grad_norm: the global norm before clipping, per step
 };
 
 inline std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& body) {
@@ -91,6 +93,7 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
   auto errors = on_every_rank(n, [&](int r) {
     kit::ProcessGroup& g = *groups[r];
     kit::ZeroOptions o{stage, adamw(), &g};
+    o.max_grad_norm = s.max_grad_norm;
     std::unique_ptr<kit::DistributedDataParallel> ddp;
     std::unique_ptr<torch::optim::AdamW> torch_adamw;
     std::unique_ptr<kit::ZeroOptimizer> zero;
@@ -111,9 +114,15 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
       auto logits = zero3 ? zero3->forward(input) : models[r]->forward(input);
       auto loss = kit::lm_loss(logits, target);
       loss.backward();
+      // Under DDP backward returns once every average is in: each rank clips the same gradient.
+      if (torch_adamw && s.max_grad_norm > 0)
+        runs[r].grad_norms.push_back(
+            torch::nn::utils::clip_grad_norm_(models[r]->parameters(), s.max_grad_norm));
       if (torch_adamw) torch_adamw->step();
       if (zero) zero->step();
       if (zero3) zero3->step();
+      if (!torch_adamw && s.max_grad_norm > 0)
+        runs[r].grad_norms.push_back((zero ? zero->grad_norm() : zero3->grad_norm()).item<double>());
       runs[r].losses.push_back(loss.item<double>());
       runs[r].step_bytes.clear();
       for (auto& [kind, b] : g.stats().bytes) runs[r].step_bytes[kind] = b - before[kind];

@@ -2,6 +2,7 @@
 #include "kit/args.h"
 
 #include <cerrno>
+#include <cmath>  // HUGE_VAL
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -103,6 +104,14 @@ TrainArgs parse_args(int argc, char** argv) {
   auto to_int = [](const std::string& flag, const std::string& v, int64_t lo) {
     return flag_int(flag, v, lo);
   };
+  // Off unless given: a norm of 0 or less would be no gradient at all, or a sign flip.
+  auto clip_norm = [](const std::string& v) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(x > 0) || x == HUGE_VAL)
+      flag_error("--clip-grad needs a norm > 0, got '" + v + "' (leave the flag out for no clipping)");
+    return x;
+  };
   parse_flags(argc, argv, {
       {"--data-dir", "folder with wiki.{train,valid,test}.tokens", [&](auto v) { a.data_dir = v; }},
       {"--out-dir", "where checkpoints and metrics.csv are written", [&](auto v) { a.out_dir = v; }},
@@ -118,6 +127,7 @@ TrainArgs parse_args(int argc, char** argv) {
       {"--dropout", "dropout probability", [&](auto v) { a.dropout = flag_real("--dropout", v, 0, 0.99); }},
       {"--seed", "random seed", [&](auto v) { a.seed = static_cast<uint64_t>(to_int("--seed", v, 0)); }},
       {"--max-steps", "stop each epoch after this many steps (0: no limit)", [&](auto v) { a.max_steps = to_int("--max-steps", v, 0); }},
+      {"--clip-grad", "clip the averaged gradient to this global L2 norm before each step (default: no clipping)", [&](auto v) { a.clip_grad = clip_norm(v); }},
       {"--keep-checkpoints", "how many checkpoints to keep in <out-dir>/checkpoints", [&](auto v) { a.keep_checkpoints = to_int("--keep-checkpoints", v, 1); }},
       {"--resume", "continue from the newest checkpoint, which must exist (default: continue if there is one)", [&](auto) { a.resume = true; }, true},
   });
@@ -136,6 +146,7 @@ std::string config_fingerprint(const TrainArgs& a, int64_t vocab_size) {
     << " heads=" << a.heads << " layers=" << a.layers << " feedforward=" << a.feedforward
     << " dropout=" << a.dropout << " batch=" << a.batch_size << " lr=" << a.lr
     << " seed=" << a.seed << " max_steps=" << a.max_steps;
+  if (a.clip_grad > 0) f << " clip_grad=" << a.clip_grad;  // only when on: older checkpoints still match
   return f.str();
 }
 

@@ -23,6 +23,7 @@ struct TrainArgs {
   int64_t max_steps = 0;       // > 0: stop each epoch after this many steps (quick checks)
   bool resume = false;         // require a checkpoint to continue from (default: use one if any)
   int64_t keep_checkpoints = 3;
+  double clip_grad = 0;        // > 0: clip the averaged gradient to this global L2 norm (0: off)
 };
 
 // What a checkpoint must agree on to be resumed: everything that changes the numbers (model,

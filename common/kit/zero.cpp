@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "kit/clip.h"         // clip_shard_grads_: --clip-grad on a sharded gradient
 #include "kit/distributed.h"  // default_group_ptr
 
 namespace kit {
@@ -35,7 +36,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
       params_(trainable(params)),
       claim_(params_, "ZeRO-" + std::to_string(stage_)),
       layout_(params_, group_->size(), group_->rank()),
-      adamw_(options.adamw, torch::zeros({layout_.shard()}, params_[0].options().requires_grad(false))) {
+      adamw_(options.adamw, torch::zeros({layout_.shard()}, params_[0].options().requires_grad(false))),
+      max_grad_norm_(check_max_grad_norm(options.max_grad_norm, "ZeroOptimizer")) {
   // Rank 0's weights everywhere, as DDP does: in one flat broadcast.
   torch::NoGradGuard no_grad;
   auto flat = layout_.flatten(params_);
@@ -57,6 +59,7 @@ void ZeroOptimizer::step() {
   auto flat_grad = layout_.flatten(grads);
   torch::Tensor my_grad = torch::empty({layout_.shard()}, flat_grad.options());
   group_->reduce_scatter(my_grad, flat_grad, ReduceOp::AVG);
+  if (max_grad_norm_ > 0) grad_norm_ = clip_shard_grads_({my_grad}, max_grad_norm_, *group_);
   if (stage_ == 2) {
     grad_shard_ = my_grad;  // the only gradient kept
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();

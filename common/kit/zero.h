@@ -46,6 +46,10 @@ struct ZeroOptions {
   int stage = 1;  // 1 or 2 here; 3 is kit/zero3.h
   torch::optim::AdamWOptions adamw{1e-3};
   ProcessGroup* group = nullptr;  // default: the group of kit::setup()
+  // > 0: the averaged gradient is clipped to this global L2 norm before AdamW, as
+  // torch.nn.utils.clip_grad_norm_ does (kit/clip.h: the shards' sums of squares all-reduced).
+  // 0: no clipping.
+  double max_grad_norm = 0;
 };
 
 class ZeroOptimizer {
@@ -61,6 +65,9 @@ class ZeroOptimizer {
   HeldBytes held() const;
   const ShardLayout& layout() const { return layout_; }
   int stage() const { return stage_; }
+  // The averaged gradient's global norm before clipping, at the last step (undefined without
+  // max_grad_norm): a 0-d tensor on the gradients' device, as clip_grad_norm_ returns it.
+  const torch::Tensor& grad_norm() const { return grad_norm_; }
   ProcessGroup& group() const { return *group_; }
   // This rank's part of the training state, for sharded checkpoints (kit/zero_checkpoint.h):
   // its shard of the weights (a copy), AdamW's two moments for it, and the steps done.
@@ -81,6 +88,8 @@ class ZeroOptimizer {
   ShardLayout layout_;
   ShardedAdamW adamw_;
   torch::Tensor grad_shard_;  // stage 2: the only gradient kept, S elements
+  double max_grad_norm_;      // 0: no clipping
+  torch::Tensor grad_norm_;
 };
 
 }  // namespace kit

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "kit/clip.h"         // clip_shard_grads_: the global norm over every unit's shard
 #include "kit/distributed.h"  // default_group_ptr
 
 namespace kit {
@@ -119,6 +120,7 @@ FullyShardedModel::FullyShardedModel(std::vector<TransformerLMImpl::Unit> units,
     : keep_group_(options.group ? nullptr : default_group_ptr()),
       group_(options.group ? options.group : keep_group_.get()) {
   stage_3(options.stage);
+  max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");
   std::vector<torch::Tensor> every;
   for (auto& u : units)
     for (auto& p : u.module->parameters())
@@ -172,6 +174,12 @@ void FullyShardedModel::zero_grad() {
 }
 
 void FullyShardedModel::step() {
+  // Backward left each unit's averaged shard in shard.grad(): the global norm is over all of them.
+  if (max_grad_norm_ > 0) {
+    std::vector<torch::Tensor> grads;
+    for (auto& u : units_) grads.push_back(u->shard.grad());
+    grad_norm_ = clip_shard_grads_(grads, max_grad_norm_, *group_);
+  }
   for (auto& u : units_)
     if (u->shard.grad().defined()) u->adamw.update(u->shard.detach(), u->shard.grad());
 }

@@ -53,7 +53,10 @@ class FullyShardedModel {
 
   torch::Tensor forward(const torch::Tensor& input);  // the chain of units, each gathered in turn
   void zero_grad();
-  void step();  // AdamW on each unit's shard: no communication (backward did it)
+  // AdamW on each unit's shard: no communication (backward did it), except, with
+  // ZeroOptions::max_grad_norm, one all-reduce of a number for the global norm (kit/clip.h).
+  void step();
+  const torch::Tensor& grad_norm() const { return grad_norm_; }  // as ZeroOptimizer::grad_norm()
 
   HeldBytes held() const;
   int64_t numel() const;   // P: all units' parameters
@@ -74,6 +77,8 @@ class FullyShardedModel {
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<ParameterClaim> claim_;
   int64_t gathered_now_ = 0, gathered_peak_ = 0;  // bytes of full weights alive
+  double max_grad_norm_ = 0;  // 0: no clipping
+  torch::Tensor grad_norm_;
 };
 
 }  // namespace kit

@@ -27,7 +27,7 @@ using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
                               kit::TrainState& state, kit::Checkpoints& checkpoints,
-                              kit::Metrics& metrics, int64_t max_steps) {
+                              kit::Metrics& metrics, int64_t max_steps, double clip_grad) {
   model->train();
   // The loss sum lives on the device: no GPU -> CPU copy in the hot loop.
   auto total = state.epoch_loss_sum.defined()
@@ -46,6 +46,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
     optimizer.zero_grad();
     auto loss = kit::lm_loss(model->forward(input), target);
     loss.backward();
+    // --clip-grad: the gradient's global L2 norm at most clip_grad. Under DDP backward returns
+    // only when every bucket's average has arrived, so every rank clips the same gradient alike.
+    if (clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip_grad);
     optimizer.step();
     total += loss.detach();
     state.epoch_loss_sum = total;
@@ -136,7 +139,8 @@ int main(int argc, char** argv) {
     // TODO 9: Tell train_sampler which epoch starts. Its shuffle is seeded with seed + epoch; without
     //         this call every epoch visits the samples in the same order.
     torch::Tensor train_mean = train_one_epoch(model, train_loader, optimizer, device, state,
-                                               checkpoints, metrics, args.max_steps);
+                                               checkpoints, metrics, args.max_steps,
+                                               args.clip_grad);
     if (state.stopped) break;
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0
     double train_loss = train_mean.item<double>();

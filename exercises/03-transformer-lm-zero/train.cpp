@@ -191,22 +191,26 @@ int main(int argc, char** argv) {
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
-    trainer.step = [&] { optimizer->step(); };
+    trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
+      if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
+      optimizer->step();
+    };
     trainer.held = [&] { return ddp_held(model, *optimizer); };
     trainer.save = [&](kit::TrainState& s) { checkpoints.save(model, *optimizer, s); };
     trainer.resume = [&, device = device] {  // (C++17 lambdas cannot capture a structured binding)
       return checkpoints.resume(model, *optimizer, device, args.resume);
     };
   }
-  // TODO 3: ZeRO-1: for --zero-stage 1, one kit::ZeroOptimizer (stage 1, `adamw`) replaces both DDP
-  //         and torch's AdamW: it broadcasts rank 0's weights and averages the gradients itself (the
+  // TODO 3: ZeRO-1: for --zero-stage 1, one kit::ZeroOptimizer (stage 1, `adamw`, and max_grad_norm
+  //         args.clip_grad: --clip-grad, clipped on the averaged gradient) replaces both DDP and
+  //         torch's AdamW: it broadcasts rank 0's weights and averages the gradients itself (the
   //         kit refuses DDP and ZeRO on one model). Its zero_grad(), step() and held() fill the
   //         Trainer; the forward stays model->forward.
   // TODO 4: ZeRO-2: the gradients are reduce-scattered, and each rank keeps only its averaged shard
   //         of them. The same ZeroOptimizer does it with stage 2. Compare the two stages' byte lines.
-  // TODO 5: ZeRO-3: wrap the model in a kit::FullyShardedModel (stage 3, `adamw`). It keeps only this
-  //         rank's shard of every unit's weights, so model->forward no longer works: the Trainer's
-  //         forward must go through the wrapper (training and evaluation alike).
+  // TODO 5: ZeRO-3: wrap the model in a kit::FullyShardedModel (stage 3, `adamw`, args.clip_grad).
+  //         It keeps only this rank's shard of every unit's weights, so model->forward no longer
+  //         works: the Trainer's forward must go through the wrapper (training and evaluation alike).
   // TODO 6: Sharded checkpoints: under ZeRO no rank holds the whole model and optimizer, so each rank
   //         saves its own shard. Fill trainer.save with checkpoints.save_sharded() and trainer.resume
   //         with checkpoints.resume_sharded(), each given a function of the folder that calls

@@ -206,7 +206,10 @@ int main(int argc, char** argv) {
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
-    trainer.step = [&] { optimizer->step(); };
+    trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
+      if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
+      optimizer->step();
+    };
     trainer.held = [&] { return ddp_held(model, *optimizer); };
     trainer.save = [&](kit::TrainState& s) { checkpoints.save(model, *optimizer, s); };
     trainer.resume = [&, device = device] {  // (C++17 lambdas cannot capture a structured binding)
@@ -214,14 +217,15 @@ int main(int argc, char** argv) {
     };
   }
   //@ todo 3
-  //@ | ZeRO-1: for --zero-stage 1, one kit::ZeroOptimizer (stage 1, `adamw`) replaces both DDP
-  //@ | and torch's AdamW: it broadcasts rank 0's weights and averages the gradients itself (the
+  //@ | ZeRO-1: for --zero-stage 1, one kit::ZeroOptimizer (stage 1, `adamw`, and max_grad_norm
+  //@ | args.clip_grad: --clip-grad, clipped on the averaged gradient) replaces both DDP and
+  //@ | torch's AdamW: it broadcasts rank 0's weights and averages the gradients itself (the
   //@ | kit refuses DDP and ZeRO on one model). Its zero_grad(), step() and held() fill the
   //@ | Trainer; the forward stays model->forward.
   //@ solution
   std::optional<kit::ZeroOptimizer> zero;  // stages 1 and 2
   if (zero_stage == 1) {
-    zero.emplace(model, kit::ZeroOptions{1, adamw});
+    zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.zero_grad = [&] { zero->zero_grad(); };
     trainer.step = [&] { zero->step(); };
     trainer.held = [&] { return zero->held(); };
@@ -232,20 +236,20 @@ int main(int argc, char** argv) {
   //@ | of them. The same ZeroOptimizer does it with stage 2. Compare the two stages' byte lines.
   //@ solution
   if (zero_stage == 2) {
-    zero.emplace(model, kit::ZeroOptions{2, adamw});
+    zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.zero_grad = [&] { zero->zero_grad(); };
     trainer.step = [&] { zero->step(); };
     trainer.held = [&] { return zero->held(); };
   }
   //@ end
   //@ todo 5
-  //@ | ZeRO-3: wrap the model in a kit::FullyShardedModel (stage 3, `adamw`). It keeps only this
-  //@ | rank's shard of every unit's weights, so model->forward no longer works: the Trainer's
-  //@ | forward must go through the wrapper (training and evaluation alike).
+  //@ | ZeRO-3: wrap the model in a kit::FullyShardedModel (stage 3, `adamw`, args.clip_grad).
+  //@ | It keeps only this rank's shard of every unit's weights, so model->forward no longer
+  //@ | works: the Trainer's forward must go through the wrapper (training and evaluation alike).
   //@ solution
   std::optional<kit::FullyShardedModel> sharded;
   if (zero_stage == 3) {
-    sharded.emplace(model, kit::ZeroOptions{3, adamw});
+    sharded.emplace(model, kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.forward = [&](const torch::Tensor& x) { return sharded->forward(x); };
     trainer.zero_grad = [&] { sharded->zero_grad(); };
     trainer.step = [&] { sharded->step(); };

@@ -186,7 +186,10 @@ int main(int argc, char** argv) {
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
-    trainer.step = [&] { optimizer->step(); };
+    trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
+      if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
+      optimizer->step();
+    };
     trainer.held = [&] { return ddp_held(model, *optimizer); };
     trainer.save = [&](kit::TrainState& s) { checkpoints.save(model, *optimizer, s); };
     trainer.resume = [&, device = device] {  // (C++17 lambdas cannot capture a structured binding)
@@ -195,20 +198,20 @@ int main(int argc, char** argv) {
   }
   std::optional<kit::ZeroOptimizer> zero;  // stages 1 and 2
   if (zero_stage == 1) {
-    zero.emplace(model, kit::ZeroOptions{1, adamw});
+    zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.zero_grad = [&] { zero->zero_grad(); };
     trainer.step = [&] { zero->step(); };
     trainer.held = [&] { return zero->held(); };
   }
   if (zero_stage == 2) {
-    zero.emplace(model, kit::ZeroOptions{2, adamw});
+    zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.zero_grad = [&] { zero->zero_grad(); };
     trainer.step = [&] { zero->step(); };
     trainer.held = [&] { return zero->held(); };
   }
   std::optional<kit::FullyShardedModel> sharded;
   if (zero_stage == 3) {
-    sharded.emplace(model, kit::ZeroOptions{3, adamw});
+    sharded.emplace(model, kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.forward = [&](const torch::Tensor& x) { return sharded->forward(x); };
     trainer.zero_grad = [&] { sharded->zero_grad(); };
     trainer.step = [&] { sharded->step(); };

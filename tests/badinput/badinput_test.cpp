@@ -262,6 +262,21 @@ TEST(BadInput, ZeroStageOutOfRange) {
   EXPECT_EQ(r.exit_code, 2) << r;
 }
 
+// --clip-grad is off unless given: a norm of 0 or below (no gradient, or a flipped one) is
+// refused in one line, by exercise 01's and 03's trainers alike (the flag is parse_args()').
+TEST(BadInput, ClipGradZeroOrNegative) {
+  for (const char* exe : {TRAINER_EXE, ZERO_TRAINER_EXE})
+    for (std::string v : {"0", "-1", "0.0", "x"}) {
+      SCOPED_TRACE(std::string(exe) + " --clip-grad " + v);
+      TempDir tmp;
+      Process p(trainer({"--data-dir", KIT_CORPUS_DIR, "--clip-grad", v}, true, exe), clean_env({}),
+                tmp.path, "t");
+      Result r = p.wait(20);
+      expect_one_clear_line(r, {"--clip-grad", "> 0", "'" + v + "'"});
+      EXPECT_EQ(r.exit_code, 2) << r;
+    }
+}
+
 // Not bad input, but its other side: a flag the trainer refuses must be one --help lists.
 // Exercise 03's --zero-stage is taken out of argv before exercise 01's flags are parsed.
 TEST(BadInput, HelpListsTheZeroStage) {

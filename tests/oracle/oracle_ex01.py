@@ -32,8 +32,11 @@ One kind is nearly invisible here: gradients summed instead of averaged over the
 AdamW divides every update by the gradient's own scale; planted, it shows as 2.8e-6 on 2 ranks
 and 1.2e-6 on 4, just caught. tests/ddp, with SGD, is the test that catches it for sure.
 
+With --clip-grad NORM the run clips its averaged gradient (kit/args.h) and the replay calls
+torch.nn.utils.clip_grad_norm_ on the averaged gradient before each step: the same 1e-6 holds.
+
 usage: oracle_ex01.py --trainer EX01_SOLUTION --ddprun DDPRUN --make-corpus MAKE_CORPUS
-                      --ranks N --work DIR [--tolerance 1e-6]
+                      --ranks N --work DIR [--tolerance 1e-6] [--clip-grad NORM]
 """
 import argparse
 import math
@@ -139,6 +142,8 @@ def run_trainer(args, data, ranks):
                 "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
         env.pop(var, None)
     cmd = [args.trainer, "--data-dir", data, "--out-dir", out] + FLAGS
+    if args.clip_grad > 0:
+        cmd += ["--clip-grad", repr(args.clip_grad)]
     if ranks > 1:
         cmd = [args.ddprun, "--nproc-per-node", str(ranks), "--"] + cmd
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -200,6 +205,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--work", required=True)
     ap.add_argument("--tolerance", type=float, default=1e-6)
+    ap.add_argument("--clip-grad", type=float, default=0,
+                    help="pass --clip-grad to the run; PyTorch clips with clip_grad_norm_")
     args = ap.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
@@ -224,6 +231,7 @@ def main():
     epochs, test = printed(stdout)
 
     mine_steps, mine_epochs, mine_test = [], [], []
+    clipped = 0  # steps whose gradient --clip-grad scaled down
     train_means = None
     for k, (split, _) in enumerate(per_rank[0]):
         rank_batches = [per_rank[r][k][1] for r in range(args.ranks)]
@@ -236,6 +244,9 @@ def main():
                 losses = [loss_of(model, *batch(splits["train"], rank_batches[r][step]))
                           for r in range(args.ranks)]
                 (sum(losses) / args.ranks).backward()
+                if args.clip_grad > 0:  # on the averaged gradient, as the C++ run after DDP's
+                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad, foreach=False)
+                    clipped += int(norm.item() > args.clip_grad)
                 optimizer.step()
                 mine_steps.append(losses[0].item())
                 for r in range(args.ranks):
@@ -264,6 +275,10 @@ def main():
 
     expect(len(mine_steps) == len(logged) and len(logged) > 20,
            f"the replay has the run's {len(logged)} training steps", f"replayed {len(mine_steps)}")
+    if args.clip_grad > 0:
+        expect(clipped >= len(mine_steps) // 2,
+               f"--clip-grad {args.clip_grad:g} clips most steps, so the comparison tests it",
+               f"{clipped} of {len(mine_steps)} steps clipped")
     expect(abs(logged[0] - logged[-1]) > 0.1, "the run trains (the loss moves), so the comparison means something",
            f"first {logged[:1]}, last {logged[-1:]}")
     worst = max((abs(a - b) / abs(b) for a, b in zip(logged, mine_steps)), default=float("inf"))
@@ -280,7 +295,8 @@ def main():
            f"C++ {epochs}\nPyTorch {[(round(a, 5), round(b, 5)) for a, b in mine_epochs]}")
     expect(len(test) == 1 and len(mine_test) == 1 and near(test[0], mine_test[0]),
            "the final test loss matches PyTorch", f"C++ {test}, PyTorch {mine_test}")
-    print(f"ranks {args.ranks}: {len(logged)} steps, worst per-step relative difference {worst:.2e}; "
+    print(f"ranks {args.ranks}{f', --clip-grad {args.clip_grad:g} ({clipped} steps clipped)' if args.clip_grad > 0 else ''}: "
+          f"{len(logged)} steps, worst per-step relative difference {worst:.2e}; "
           f"final test loss C++ {test[0] if test else '?'} vs PyTorch {mine_test[0] if mine_test else float('nan'):.5f}")
     return finish()
 

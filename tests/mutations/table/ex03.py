@@ -2,8 +2,8 @@
 format and the kinds)."""
 EXERCISE = "03-transformer-lm-zero"
 
-ZERO1 = "zero.emplace(model, kit::ZeroOptions{1, adamw});"
-ZERO2 = "zero.emplace(model, kit::ZeroOptions{2, adamw});"
+ZERO1 = "zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});"
+ZERO2 = "zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});"
 HELD_LINE = '  std::printf("rank %d: %s holds'
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
@@ -13,9 +13,9 @@ MUTANTS = [
      "rank 1's share is never seen",
      [(HELD_LINE, '  if (rank == 0) std::printf("rank %d: %s holds')], ["3", "4", "5", "6"]),
     ("zero1-as-stage-2", "run", "3", "--zero-stage 1 made with ZeroOptions stage 2: its gradients "
-     "shrink as ZeRO-2's", [(ZERO1, ZERO1.replace("{1,", "{2,"))], []),
+     "shrink as ZeRO-2's", [(ZERO1, ZERO1.replace(".stage = 1,", ".stage = 2,"))], []),
     ("zero2-as-stage-1", "run", "4", "--zero-stage 2 made with ZeroOptions stage 1: every rank "
-     "keeps every gradient", [(ZERO2, ZERO2.replace("{2,", "{1,"))], []),
+     "keeps every gradient", [(ZERO2, ZERO2.replace(".stage = 2,", ".stage = 1,"))], []),
     ("zero3-model-forward", "run", "5", "ZeRO-3 trained through model->forward, whose weights "
      "the wrapper has emptied",
      [("    trainer.forward = [&](const torch::Tensor& x) { return sharded->forward(x); };\n", "")],
@@ -27,5 +27,5 @@ MUTANTS = [
     # A correct rewrite the check must pass in full.
     ("options-by-field", "equivalent", "3", "ZeRO-1's ZeroOptions filled field by field",
      [(ZERO1, "kit::ZeroOptions options;\n    options.stage = 1;\n    options.adamw = adamw;\n"
-              "    zero.emplace(model, options);")], []),
+              "    options.max_grad_norm = args.clip_grad;\n    zero.emplace(model, options);")], []),
 ]
