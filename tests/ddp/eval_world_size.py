@@ -31,9 +31,10 @@ rank's own batch: the run trains on a single image (--train-images 1 --batch-siz
 training sampler gives every rank (it pads one image to one per rank), so that the statistics
 are the same on 1, 2 and 4 ranks, and with them the evaluated model. The test split has 65
 images (odd; on 2 and 4 ranks rank 0 has one batch of 16 more). Measured on 2026-11-25 (torch
-2.13, CPU): the same printed loss and accuracy, the reduced loss within 2.0e-8 relative; the
-earlier evaluation (a padding test sampler, AVG of per-rank means) printed test losses 2.32893,
-2.32986 and 2.33040 and accuracies 0.10769, 0.10606 and 0.10294 on 1, 2 and 4 ranks.
+2.13, CPU): the same printed loss and accuracy (2.31340, 0.10769), the reduced loss within
+5.3e-8 relative (the trace's 6 decimals); the earlier evaluation (a padding test sampler, AVG of
+per-rank means) printed test losses 2.31340, 2.31526 and 2.31040 and accuracies 0.10769, 0.10606
+and 0.11765 on 1, 2 and 4 ranks.
 
 usage: eval_world_size.py --trainer TRAINER --ddprun DDPRUN --work DIR
                           (--make-corpus MAKE_CORPUS | --make-images MAKE_IMAGES)
