@@ -11,7 +11,7 @@
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
 #include "kit/cifar10.h"          // load_cifar10(), Cifar10Dataset: the images and their labels
-#include "kit/data_loader.h"      // DataLoader, DistributedSampler, LoaderOptions: batches
+#include "kit/data_loader.h"      // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
 #include "kit/image_args.h"       // ImageTrainArgs, parse_image_args(): the command-line flags
 #include "kit/lr_rule.h"          // scale_lr(), warmup_factor(): the learning rate
 #include "kit/metrics.h"          // Metrics: metrics.csv and progress lines; device_model()
@@ -21,14 +21,17 @@
 
 using Loader = kit::DataLoader<kit::Cifar10Dataset>;
 
-// The mean loss and the accuracy over a split, without training.
+// The loss and the accuracy over a whole split, without training: the sums of the loss and of
+// the correct predictions over every image, divided by the number of images. (A mean of
+// per-rank means is not that loss: on several ranks the slices differ in length.)
 std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loader& loader,
                                                  torch::Device device) {
   torch::NoGradGuard no_grad;
   model->eval();  // batch norm uses its running statistics, not the batch's
-  auto loss = torch::zeros({}, torch::TensorOptions().device(device));
-  auto correct = torch::zeros({}, torch::TensorOptions().device(device));
-  int64_t images = 0;
+  // In double: exact counts, and a sum over 10^4 images that keeps the loss's decimals.
+  auto options = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  auto loss_sum = torch::zeros({}, options), correct = torch::zeros({}, options),
+       images = torch::zeros({}, options);
   for (kit::Batch batch : loader) {
     // The model itself, not a DDP wrapper (Python's ddp_model.module(x)): in training, every
     // forward goes through ddp.forward, which copies rank 0's batch-norm statistics to all ranks
@@ -38,17 +41,19 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
     // statistics, so it needs nothing from the wrapper.
     auto logits = model->forward(batch.input.to(device));
     auto target = batch.target.to(device);
-    loss += torch::nn::functional::cross_entropy(
-        logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    correct += logits.argmax(1).eq(target).sum();
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, target,
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .to(torch::kDouble);
+    correct += logits.argmax(1).eq(target).sum().to(torch::kDouble);
     images += target.size(0);
   }
-  loss /= static_cast<double>(images);
-  auto accuracy = correct / static_cast<double>(images);
-  // TODO 9: This rank saw its own share of the split. Average both numbers over all ranks, so that
-  //         they describe the whole split and are the same on every rank (every rank holds the same
-  //         number of images: the sampler pads the last share).
-  return {loss, accuracy};
+  auto totals = torch::stack({loss_sum, correct, images});  // one tensor: one collective for all
+  // TODO 9: `totals` holds this rank's loss sum, its number of correct predictions and its number of
+  //         images, and every rank read a different part of the split. Add them up over all ranks,
+  //         so that the ratios below are the loss and the accuracy of the whole split, the same on
+  //         every rank. Call it once, after the loop: the ranks' slices may differ by an image.
+  return {totals[0] / totals[2], totals[1] / totals[2]};
 }
 
 int main(int argc, char** argv) {
@@ -71,8 +76,10 @@ int main(int argc, char** argv) {
   if (args.augment) train_data.set_augment(args.seed);
   const kit::LoaderOptions loading{.workers = args.workers, .prefetch = 2};
 
-  // TODO 4: One kit::DistributedSampler per dataset: the training one shuffles with args.seed (the
-  //         same seed on every rank), the test one does not shuffle.
+  // TODO 4: A kit::DistributedSampler for the training set: it shuffles with args.seed (the same
+  //         seed on every rank). For the test set a kit::DistributedEvalSampler: every image once, in
+  //         order, where a DistributedSampler repeats a few to give all ranks equally many, and so
+  //         would make the test loss and accuracy depend on the number of ranks.
   // TODO 5: Hand train_sampler to the training loader in place of shuffle=true.
   Loader train_loader(train_data, batch, /*shuffle=*/true, loading);
   // TODO 6: Hand test_sampler to the test loader.

@@ -327,7 +327,8 @@ def check_all_reduce(v, run, ranks, rules):
                   f"({a:.5f} vs {b:.5f}): each reported only its own share")
             return
     # What every rank put in and what rank 0 reported: the reported numbers must be the means of
-    # all-reduced values, or (an evaluation) the ratio of an all-reduced [loss sum, count] pair.
+    # all-reduced values, or (an evaluation) the ratios of an all-reduced [loss sum, count] pair
+    # or [loss sum, correct predictions, count] triple to its count (the last value).
     calls = [[kv(f) for f in run.events(r, "all_reduce")] for r in range(ranks)]
     n = min(len(c) for c in calls)
     ins = [[[float(x) for x in calls[r][k]["in"].split(",")] for r in range(ranks)]
@@ -338,9 +339,11 @@ def check_all_reduce(v, run, ranks, rules):
             means.append(sum(v[0] for v in x) / ranks)
             sums.append(sum(v[0] for v in x))
             own.append(x[0][0])
-        elif all(len(values) == 2 for values in x) and x[0][1]:
-            means.append(sum(v[0] for v in x) / sum(v[1] for v in x))
-            own.append(x[0][0] / x[0][1])
+        elif len({len(values) for values in x}) == 1 and len(x[0]) in (2, 3) and x[0][-1]:
+            count = sum(v[-1] for v in x)
+            for i in range(len(x[0]) - 1):
+                means.append(sum(v[i] for v in x) / count)
+                own.append(x[0][i] / x[0][-1])
     close = lambda x, ys: any(math.isclose(x, y, rel_tol=1e-6, abs_tol=rules.LOSS_TOL) for y in ys)  # noqa
     for label, x in reported_values(reports[0], rules):
         if close(x, means):
@@ -354,7 +357,7 @@ def check_all_reduce(v, run, ranks, rules):
             why = "no all_reduce was called"
         else:
             why = f"the {label} {x:.5f} is not the mean over the ranks of any all-reduced value " \
-                  "(nor the ratio of an all-reduced loss sum and count)"
+                  "(nor the ratio of an all-reduced sum and count)"
         v.add("all_reduce", False, what, why)
         return
     # Each epoch's reported numbers, then the test loss (the rules' REDUCED when it differs).
