@@ -1,6 +1,7 @@
 // kit/zero.cpp — ZeRO stages 1 and 2 (see zero.h).
 #include "kit/zero.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -17,6 +18,13 @@ std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
   if (out.empty()) throw std::invalid_argument("ZeroOptimizer: the model has no trainable parameters");
   return out;
 }
+
+// The collectives go bucket by bucket, kBucket elements at a time over all the ranks: c10d's Gloo
+// makes a scratch copy as big as what it is handed, for a reduce-scatter (an all-reduce inside:
+// kit/compat.h, note 3) as for an all-gather (a flat output of its own), and handed the whole
+// flat vector, that copy alone would be 4 P bytes at the peak, more than sharding saves on two
+// ranks. By buckets, the scratch is one bucket (4 MiB); the bytes on the wire are the same.
+constexpr int64_t kBucket = int64_t{1} << 20;
 
 int stage_1_or_2(int stage) {
   check_zero_stage(stage);
@@ -36,50 +44,95 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
       claim_(params_, "ZeRO-" + std::to_string(stage_)),
       layout_(params_, group_->size(), group_->rank()),
       adamw_(options.adamw, torch::zeros({layout_.shard()}, params_[0].options().requires_grad(false))) {
-  // Rank 0's weights everywhere, as DDP does: in one flat broadcast.
+  // Rank 0's weights everywhere, as DDP does: in one flat broadcast. That flat vector then IS the
+  // weights: each parameter becomes a view of its part (set_data keeps the parameter, which the
+  // model holds, and frees its old storage), so that AdamW updates this rank's shard in place
+  // and the all-gather writes straight into the weights, with no flat copy of them in between.
   torch::NoGradGuard no_grad;
-  auto flat = layout_.flatten(params_);
-  group_->broadcast(flat, 0);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(layout_.part(flat, i));
+  flat_params_ = layout_.flatten(params_);
+  group_->broadcast(flat_params_, 0);
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(layout_.part(flat_params_, i));
+  // Likewise the gradients: before backward accumulates the first of them, every .grad becomes a
+  // zeroed view of one flat buffer (AccumulateGrad then adds into it in place: 0 + g is g, bit for
+  // bit), and the reduce-scatter reads that buffer as it is.
+  for (auto& p : params_)
+    hooks_.push_back(p.register_hook([this](const torch::Tensor&) { flat_grads(); }));
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hooks_[i]);
+}
+
+torch::Tensor& ZeroOptimizer::flat_grads() {
+  if (!flat_grads_.defined()) {
+    torch::NoGradGuard no_grad;
+    flat_grads_ = torch::zeros({layout_.padded()}, flat_params_.options());
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i].mutable_grad() = layout_.part(flat_grads_, i);
+  }
+  return flat_grads_;
+}
+
+void ZeroOptimizer::drop_grads() {
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  flat_grads_ = torch::Tensor();
 }
 
 void ZeroOptimizer::zero_grad() {
-  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  drop_grads();
   grad_shard_ = torch::Tensor();
 }
 
 void ZeroOptimizer::step() {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (auto& p : params_) grads.push_back(p.grad());
-  // 1. Average the gradients, but only our shard of them comes back: a reduce-scatter. The flat
-  //    copy lives only during this step.
-  auto flat_grad = layout_.flatten(grads);
-  torch::Tensor my_grad = torch::empty({layout_.shard()}, flat_grad.options());
-  group_->reduce_scatter(my_grad, flat_grad, ReduceOp::AVG);
+  // 1. Average the gradients, but only our shard of them comes back: a reduce-scatter, straight
+  //    from the flat gradient buffer (zeros if backward made none).
+  torch::Tensor my_grad = torch::empty({layout_.shard()}, flat_params_.options());
+  reduce_scatter_grads(my_grad);
   if (stage_ == 2) {
-    grad_shard_ = my_grad;  // the only gradient kept
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    grad_shard_ = my_grad;  // the only gradient kept; the full ones go before AdamW's temporaries
+    drop_grads();
   }
   // Stage 1 keeps every parameter's .grad as backward left it (this rank's own gradient, not
   // the average): gradient memory is not sharded at stage 1.
-  // 2. AdamW on our shard only, with our shard of the state.
-  auto own = layout_.own(layout_.flatten(params_));
-  adamw_.update(own, my_grad);
+  // 2. AdamW on our shard only, with our shard of the state: in place, in the weights.
+  adamw_.update(layout_.own(flat_params_), my_grad);
+  my_grad = torch::Tensor();  // stage 1: the averaged shard is done with, before the all-gather
   // 3. Everybody's updated shard, to everybody.
-  gather_params(own);
+  gather_params(layout_.own(flat_params_));
 }
 
+// Bucket b holds, for every rank r, elements [at, at + len) of r's shard: the reduce-scatter of the
+// bucket gives this rank those elements of its own shard, averaged.
+void ZeroOptimizer::reduce_scatter_grads(torch::Tensor& my_grad) {
+  const int64_t S = layout_.shard(), N = group_->size();
+  const int64_t C = std::min(S, std::max<int64_t>(1, kBucket / N));
+  torch::Tensor& grads = flat_grads();
+  auto bucket = torch::empty({N * C}, grads.options());
+  for (int64_t at = 0; at < S; at += C) {
+    const int64_t len = std::min(C, S - at);
+    auto in = bucket.narrow(0, 0, N * len);
+    for (int64_t r = 0; r < N; ++r) in.narrow(0, r * len, len).copy_(grads.narrow(0, r * S + at, len));
+    group_->reduce_scatter(my_grad.narrow(0, at, len), in, ReduceOp::AVG);
+  }
+}
+
+// The other way round: every rank's elements [at, at + len) of its shard, into the weights.
 void ZeroOptimizer::gather_params(const torch::Tensor& own) {
   torch::NoGradGuard no_grad;
-  auto flat = torch::empty({layout_.padded()}, own.options());
-  group_->all_gather(flat, own.contiguous());
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(layout_.part(flat, i));
+  const int64_t S = layout_.shard(), N = group_->size();
+  const int64_t C = std::min(S, std::max<int64_t>(1, kBucket / N));
+  auto bucket = torch::empty({N * C}, flat_params_.options());
+  for (int64_t at = 0; at < S; at += C) {
+    const int64_t len = std::min(C, S - at);
+    auto out = bucket.narrow(0, 0, N * len);
+    group_->all_gather(out, own.narrow(0, at, len));
+    for (int64_t r = 0; r < N; ++r)
+      flat_params_.narrow(0, r * S + at, len).copy_(out.narrow(0, r * len, len));
+  }
 }
 
-torch::Tensor ZeroOptimizer::own_params() const {
-  return layout_.own(layout_.flatten(params_)).clone();
-}
+torch::Tensor ZeroOptimizer::own_params() const { return layout_.own(flat_params_).clone(); }
 
 void ZeroOptimizer::load_own_params(const torch::Tensor& shard) {
   if (shard.numel() != layout_.shard())

@@ -54,6 +54,9 @@ class ZeroOptimizer {
   ZeroOptimizer(const torch::nn::ModuleHolder<M>& model, ZeroOptions options)
       : ZeroOptimizer(model->parameters(), options) {}
   ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options);
+  ~ZeroOptimizer();  // takes its hooks off the parameters
+  ZeroOptimizer(const ZeroOptimizer&) = delete;  // the hooks point at this object
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   void zero_grad();  // drops the gradients (as zero_grad(set_to_none))
   void step();       // the three steps above; every rank must call it
@@ -72,6 +75,9 @@ class ZeroOptimizer {
 
  private:
   void gather_params(const torch::Tensor& own);  // all-gather the shards into the parameters
+  void reduce_scatter_grads(torch::Tensor& my_grad);  // bucket by bucket, from flat_grads_
+  torch::Tensor& flat_grads();  // the flat gradient buffer, made (zeros) and handed out as .grad
+  void drop_grads();            // every .grad and the buffer under them
 
   std::shared_ptr<ProcessGroup> keep_group_;
   ProcessGroup* group_;
@@ -80,6 +86,9 @@ class ZeroOptimizer {
   ParameterClaim claim_;
   ShardLayout layout_;
   ShardedAdamW adamw_;
+  torch::Tensor flat_params_;  // N S elements; every parameter is a view of its part
+  torch::Tensor flat_grads_;   // N S elements while gradients exist; every .grad is a view
+  std::vector<unsigned> hooks_;  // per parameter: the hook that makes flat_grads_ before backward
   torch::Tensor grad_shard_;  // stage 2: the only gradient kept, S elements
 };
 
