@@ -55,12 +55,12 @@ ShardedAdamW::ShardedAdamW(const torch::optim::AdamWOptions& options, const torc
 
 // torch::optim::AdamW::step for one tensor (without amsgrad), operation for operation, so that the
 // sharded run matches the unsharded one to the last bit where the gradients agree. Every operation
-// is element by element, so it runs over the shard in chunks of kChunk elements: the same values,
-// but the temporary (`denom`) is one chunk, not a second and third copy of the whole shard, which
-// would undo at the peak much of what sharding saved.
+// is element by element, so it runs over the shard in chunks: the same values, but the temporary
+// (`denom`) is one chunk (at most 1 MiB of fp32 and an eighth of the shard), not a second and
+// third copy of the whole shard, which would undo at the peak much of what sharding saved.
 void ShardedAdamW::update(torch::Tensor param, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
-  constexpr int64_t kChunk = int64_t{1} << 18;  // 1 MiB of fp32
+  const int64_t kChunk = std::max<int64_t>(1, std::min<int64_t>(int64_t{1} << 18, (param.numel() + 7) / 8));
   const double lr = options_.lr();
   const auto [beta1, beta2] = options_.betas();
   ++step_;

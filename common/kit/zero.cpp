@@ -19,12 +19,16 @@ std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
   return out;
 }
 
-// The collectives go bucket by bucket, kBucket elements at a time over all the ranks: c10d's Gloo
-// makes a scratch copy as big as what it is handed, for a reduce-scatter (an all-reduce inside:
-// kit/compat.h, note 3) as for an all-gather (a flat output of its own), and handed the whole
-// flat vector, that copy alone would be 4 P bytes at the peak, more than sharding saves on two
-// ranks. By buckets, the scratch is one bucket (4 MiB); the bytes on the wire are the same.
+// The collectives go bucket by bucket: c10d's Gloo makes a scratch copy as big as what it is
+// handed, for a reduce-scatter (an all-reduce inside: kit/compat.h, note 3) as for an all-gather
+// (a flat output of its own), and handed the whole flat vector, that copy alone would be 4 P bytes
+// at the peak, more than sharding saves on two ranks. A bucket takes from every rank's shard
+// `piece` elements: at most kBucket elements (4 MiB) over all the ranks, and at most an eighth of
+// a shard, so that small models are cut too; the bytes on the wire are the same.
 constexpr int64_t kBucket = int64_t{1} << 20;
+int64_t piece(int64_t shard, int64_t world) {
+  return std::max<int64_t>(1, std::min(kBucket / world, (shard + 7) / 8));
+}
 
 int stage_1_or_2(int stage) {
   check_zero_stage(stage);
@@ -106,7 +110,7 @@ void ZeroOptimizer::step() {
 // bucket gives this rank those elements of its own shard, averaged.
 void ZeroOptimizer::reduce_scatter_grads(torch::Tensor& my_grad) {
   const int64_t S = layout_.shard(), N = group_->size();
-  const int64_t C = std::min(S, std::max<int64_t>(1, kBucket / N));
+  const int64_t C = piece(S, N);
   torch::Tensor& grads = flat_grads();
   auto bucket = torch::empty({N * C}, grads.options());
   for (int64_t at = 0; at < S; at += C) {
@@ -121,7 +125,7 @@ void ZeroOptimizer::reduce_scatter_grads(torch::Tensor& my_grad) {
 void ZeroOptimizer::gather_params(const torch::Tensor& own) {
   torch::NoGradGuard no_grad;
   const int64_t S = layout_.shard(), N = group_->size();
-  const int64_t C = std::min(S, std::max<int64_t>(1, kBucket / N));
+  const int64_t C = piece(S, N);
   auto bucket = torch::empty({N * C}, flat_params_.options());
   for (int64_t at = 0; at < S; at += C) {
     const int64_t len = std::min(C, S - at);
