@@ -143,6 +143,50 @@ TEST(ZeroPeak, StagesOneAndTwoPeakBelowDDPOnTwoRanks) {
   const int64_t ddp = peak(0), zero1 = peak(1), zero2 = peak(2);
   EXPECT_LT(zero1, ddp) << "ZeRO-1's peak " << zero1 << " bytes, DDP's " << ddp;
   EXPECT_LT(zero2, ddp) << "ZeRO-2's peak " << zero2 << " bytes, DDP's " << ddp;
+  // ZeRO-2 reduce-scatters during backward and frees each gradient once sent: never all of them.
+  EXPECT_LT(zero2, zero1) << "ZeRO-2's peak " << zero2 << " bytes, ZeRO-1's " << zero1;
+}
+
+// ZeRO-2 during backward: once backward is over, no parameter has a .grad any more (each was
+// freed when every bucket it has a part in was reduce-scattered). Two backward passes before one
+// step add up as at stage 1, where the gradients accumulate in .grad (to float tolerance: the sum
+// of two averages against the average of a sum).
+TEST(Zero2Overlap, FreesTheGradientsInBackwardAndAccumulates) {
+  const int n = 2;
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  const auto s = tiny();
+  std::vector<std::vector<double>> losses(3, std::vector<double>(n));
+  std::vector<std::vector<torch::Tensor>> weights(3, std::vector<torch::Tensor>(n));
+  for (int stage : {1, 2}) {
+    std::vector<kit::TransformerLM> models;
+    for (int r = 0; r < n; ++r) {
+      torch::manual_seed(1);
+      models.emplace_back(s.model);
+    }
+    const auto errors = kit_bench::on_every_rank(n, [&](int r) {
+      kit::ZeroOptimizer zero(models[r], {stage, adamw(), groups[r].get()});
+      for (int64_t k = 0; k < 2; ++k) {
+        for (int64_t half = 0; half < 2; ++half) {  // two backward passes, then one step
+          auto [input, target] = kit_bench::batch(s, 2 * k + half, n, r);
+          kit::lm_loss(models[r]->forward(input), target).backward();
+          int64_t with_grad = 0;
+          for (auto& p : models[r]->parameters()) with_grad += p.grad().defined();
+          if (stage == 2) EXPECT_EQ(with_grad, 0) << "rank " << r << ": gradients left after backward";
+          else EXPECT_EQ(with_grad, static_cast<int64_t>(models[r]->parameters().size()));
+        }
+        zero.step();
+        zero.zero_grad();
+      }
+      auto [input, target] = kit_bench::batch(s, 9, n, r);
+      losses[stage][r] = kit::lm_loss(models[r]->forward(input), target).item<double>();
+      weights[stage][r] = kit_bench::unit_weights(models[r])[1];
+    });
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "stage " << stage << ", rank " << r;
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NEAR(losses[2][r], losses[1][r], 1e-5 * std::abs(losses[1][r])) << "rank " << r;
+    EXPECT_LE(relative(weights[2][r], weights[1][r]), 1e-5) << "rank " << r;
+  }
 }
 
 // Dropout under ZeRO-3: the recomputation in backward must draw the same masks as the forward
