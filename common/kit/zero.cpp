@@ -87,9 +87,10 @@ void ZeroOptimizer::start_overlap() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const int64_t begin = layout_.offset(i), end = begin + params_[i].numel();
     for (int64_t r = 0; r < o->N; ++r) {  // its part in each rank's shard, in shard coordinates
-      const int64_t lo = std::max(begin, r * o->S) - r * o->S, hi = std::min(end, (r + 1) * o->S) - r * o->S;
-      for (int64_t b = lo < hi ? lo / o->C : 1, last = (hi - 1) / o->C; lo < hi && b <= last; ++b)
-        if (o->buckets_of[i].empty() || o->buckets_of[i].back() != b) o->buckets_of[i].push_back(b);
+      const int64_t lo = std::max(begin, r * o->S) - r * o->S;
+      const int64_t hi = std::min(end, (r + 1) * o->S) - r * o->S;
+      if (lo >= hi) continue;  // nothing of it in shard r
+      for (int64_t b = lo / o->C; b <= (hi - 1) / o->C; ++b) o->buckets_of[i].push_back(b);
     }
     std::sort(o->buckets_of[i].begin(), o->buckets_of[i].end());
     o->buckets_of[i].erase(std::unique(o->buckets_of[i].begin(), o->buckets_of[i].end()), o->buckets_of[i].end());
@@ -176,10 +177,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
   flat_params_ = layout_.flatten(params_);
   group_->broadcast(flat_params_, 0);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(layout_.part(flat_params_, i));
-  // Stage 2 reduce-scatters during backward (Overlap, above). Stage 1, like the gradients:
-  // before backward accumulates the first of them, every .grad becomes a zeroed view of one flat
-  // buffer (AccumulateGrad then adds into it in place: 0 + g is g, bit for bit), and the
-  // reduce-scatter in step() reads that buffer as it is.
+  // Stage 2 reduce-scatters during backward (Overlap, above). At stage 1 the gradients are views
+  // of one flat buffer too: before backward accumulates the first of them, every .grad becomes a
+  // zeroed view of it (AccumulateGrad then adds into it in place: 0 + g is g, bit for bit), and
+  // the reduce-scatter in step() reads that buffer as it is.
   if (stage_ == 2) {
     start_overlap();
     return;

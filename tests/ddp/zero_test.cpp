@@ -398,7 +398,7 @@ TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 3),
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
 
 }  // namespace
