@@ -147,6 +147,39 @@ TEST(ZeroPeak, StagesOneAndTwoPeakBelowDDPOnTwoRanks) {
   EXPECT_LT(zero2, zero1) << "ZeRO-2's peak " << zero2 << " bytes, ZeRO-1's " << zero1;
 }
 
+// The counting allocator (kit/memory.h): a tensor's bytes are live from its making to its freeing,
+// the peak keeps the most until reset_peak(), and a thread charging an Account does not show in
+// another's (nor in the thread's own figures outside it).
+TEST(KitMemory, CountsLiveBytesAndThePeakPerAccount) {
+  kit::memory::install();
+  ASSERT_TRUE(kit::memory::installed());
+  kit::memory::Account mine, theirs;
+  kit::memory::Account::Charge charge(mine);
+  const int64_t before = mine.live();
+  {
+    auto a = torch::empty({1000}, torch::kFloat);  // 4000 bytes
+    EXPECT_EQ(mine.live() - before, 4000);
+    EXPECT_EQ(kit::memory::live_bytes(), mine.live());
+    {
+      auto b = torch::empty({250}, torch::kDouble);  // 2000 more
+      EXPECT_EQ(mine.live() - before, 6000);
+    }
+    EXPECT_EQ(mine.live() - before, 4000);
+    EXPECT_GE(mine.peak() - before, 6000);
+    std::thread([&] {
+      kit::memory::Account::Charge other(theirs);
+      auto c = torch::empty({1 << 20}, torch::kByte);
+      EXPECT_EQ(theirs.live(), 1 << 20);
+    }).join();
+    EXPECT_EQ(theirs.live(), 0);
+    EXPECT_EQ(theirs.peak(), 1 << 20);
+    EXPECT_LT(mine.peak() - before, 1 << 20) << "another thread's account showed in this one";
+    mine.reset_peak();
+    EXPECT_EQ(mine.peak(), mine.live());
+  }
+  EXPECT_EQ(mine.live(), before);
+}
+
 // ZeRO-2 during backward: once backward is over, no parameter has a .grad any more (each was
 // freed when every bucket it has a part in was reduce-scattered). Two backward passes before one
 // step add up as at stage 1, where the gradients accumulate in .grad (to float tolerance: the sum
