@@ -1,7 +1,8 @@
 // common/bench/zero_runs.h — train N in-process ranks (threads on one local Gloo world) at a ZeRO
 // stage (0: DDP + torch::optim::AdamW; 1, 2: kit::ZeroOptimizer; 3: kit::FullyShardedModel) on
 // random tokens, and record per rank the losses, the bytes of training state held (measured on
-// the tensors) and the bytes handed to each collective in one step. Shared by the ZeRO report
+// the tensors), the peak of live tensor bytes in a step (kit/memory.h) and the bytes handed to
+// each collective in one step. Shared by the ZeRO report
 // (common/bench/zero_report.cpp) and the equivalence tests (tests/ddp/zero_test.cpp).
 #pragma once
 
@@ -15,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "kit/ddp.h"             // DistributedDataParallel: stage 0
+#include "kit/memory.h"          // Account: each rank's live tensor bytes
 #include "kit/process_group.h"   // local_groups, CommStats
 #include "kit/sharding.h"        // HeldBytes, bytes_of
 #include "kit/transformer_lm.h"  // TransformerLM, lm_loss
@@ -48,6 +50,7 @@ struct RankRun {
   std::vector<double> losses;   // this rank's, per step
   std::vector<torch::Tensor> weights;  // per unit: the full flat weights after the last step
   kit::HeldBytes held;          // after the last step
+  int64_t peak = 0;             // the most bytes of live tensors during a step, over the steps
   std::map<std::string, int64_t> step_bytes;  // handed to each kind of collective in one step
   int64_t P = 0, padded = 0;
   std::vector<double> grad_norms;  // with max_grad_norm: the global norm before clipping, per step
@@ -85,13 +88,19 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
                                   std::vector<std::string>* errors_out = nullptr) {
   auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
   std::vector<kit::TransformerLM> models;
+  // Each rank's tensors, its model's included (made here, in order, for the seeds), on its own
+  // account: the ranks are threads of one process.
+  std::vector<std::unique_ptr<kit::memory::Account>> accounts;
   for (int r = 0; r < n; ++r) {
+    accounts.push_back(std::make_unique<kit::memory::Account>());
+    kit::memory::Account::Charge charge(*accounts[r]);
     torch::manual_seed(r == 0 ? 1 : 100 + r);  // rank 0's weights must reach everybody
     models.emplace_back(s.model);
   }
   std::vector<RankRun> runs(n);
   auto errors = on_every_rank(n, [&](int r) {
     kit::ProcessGroup& g = *groups[r];
+    kit::memory::Account::Charge charge(*accounts[r]);
     kit::ZeroOptions o{stage, adamw(), &g};
     o.max_grad_norm = s.max_grad_norm;
     std::unique_ptr<kit::DistributedDataParallel> ddp;
@@ -110,6 +119,7 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
     }
     for (int64_t k = 0; k < s.steps; ++k) {
       auto before = g.stats().bytes;
+      accounts[r]->reset_peak();
       auto [input, target] = batch(s, k, n, r);
       auto logits = zero3 ? zero3->forward(input) : models[r]->forward(input);
       auto loss = kit::lm_loss(logits, target);
@@ -124,6 +134,7 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
       if (!torch_adamw && s.max_grad_norm > 0)
         runs[r].grad_norms.push_back((zero ? zero->grad_norm() : zero3->grad_norm()).item<double>());
       runs[r].losses.push_back(loss.item<double>());
+      runs[r].peak = std::max(runs[r].peak, accounts[r]->peak());
       runs[r].step_bytes.clear();
       for (auto& [kind, b] : g.stats().bytes) runs[r].step_bytes[kind] = b - before[kind];
       if (k + 1 < s.steps) {  // the last step's gradients stay, for held()

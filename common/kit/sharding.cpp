@@ -1,6 +1,7 @@
 // kit/sharding.cpp — the flat layout, AdamW on a shard, the byte counts (see sharding.h).
 #include "kit/sharding.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -53,19 +54,29 @@ ShardedAdamW::ShardedAdamW(const torch::optim::AdamWOptions& options, const torc
       exp_avg_sq_(torch::zeros_like(like)) {}
 
 // torch::optim::AdamW::step for one tensor (without amsgrad), operation for operation, so that the
-// sharded run matches the unsharded one to the last bit where the gradients agree.
+// sharded run matches the unsharded one to the last bit where the gradients agree. Every operation
+// is element by element, so it runs over the shard in chunks: the same values, but the temporary
+// (`denom`) is one chunk (at most 1 MiB of fp32 and an eighth of the shard), not a second and
+// third copy of the whole shard, which would undo at the peak much of what sharding saved.
 void ShardedAdamW::update(torch::Tensor param, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
+  const int64_t kChunk = std::max<int64_t>(1, std::min<int64_t>(int64_t{1} << 18, (param.numel() + 7) / 8));
   const double lr = options_.lr();
   const auto [beta1, beta2] = options_.betas();
   ++step_;
-  param.mul_(1 - lr * options_.weight_decay());
-  exp_avg_.mul_(beta1).add_(grad, 1 - beta1);
-  exp_avg_sq_.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step_));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step_));
-  auto denom = (exp_avg_sq_.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps());
-  param.addcdiv_(exp_avg_, denom, -lr / bias_correction1);
+  const int64_t n = param.numel();
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const int64_t len = std::min(kChunk, n - at);
+    auto p = param.narrow(0, at, len), g = grad.narrow(0, at, len);
+    auto m = exp_avg_.narrow(0, at, len), v = exp_avg_sq_.narrow(0, at, len);
+    p.mul_(1 - lr * options_.weight_decay());
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    auto denom = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());
+    p.addcdiv_(m, denom, -lr / bias_correction1);
+  }
 }
 
 int64_t ShardedAdamW::bytes() const { return bytes_of({exp_avg_, exp_avg_sq_}); }

@@ -43,6 +43,7 @@ class ShardLayout {
   // This rank's shard of a padded flat tensor (a view).
   torch::Tensor own(const torch::Tensor& flat) const { return flat.narrow(0, begin(), shard_); }
   size_t count() const { return shapes_.size(); }
+  int64_t offset(size_t i) const { return offsets_[i]; }  // where parameter i starts
 
  private:
   std::vector<std::vector<int64_t>> shapes_;

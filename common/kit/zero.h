@@ -8,12 +8,20 @@
 // parameter vector (kit/sharding.h), and one step is:
 //   1. the gradients are reduce-scattered: rank r receives only the average over the ranks of
 //      its shard of them, all it needs to update its shard.
-//        stage 1: every parameter's .grad stays as backward made it (this rank's gradient, not
-//                 the average) until zero_grad(): 4 P bytes of gradients, as under DDP;
-//        stage 2: the full gradients are dropped at once and only the averaged shard is kept:
-//                 4 P / N bytes of gradients.
+//        stage 1: in step(). Every parameter's .grad stays as backward made it (this rank's
+//                 gradient, not the average) until zero_grad(): 4 P bytes of gradients, as under
+//                 DDP;
+//        stage 2: during backward, bucket by bucket as the gradients come (as DeepSpeed does),
+//                 each parameter's .grad freed once all of it is sent: after backward no .grad is
+//                 left, only the averaged shard: 4 P / N bytes of gradients, and at no moment all
+//                 of the full gradients. Two backward passes before a step add up.
 //   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
 //   3. the updated shards are all-gathered: every rank has the whole new model again.
+// No full-size copy on the way, so that the peak, not only what is held between steps, is lower
+// than DDP's (kit/memory.h measures it): the parameters are views of one flat vector, which
+// AdamW updates in place and the all-gather fills; at stage 1 the gradients are views of another,
+// which the reduce-scatter reads; the collectives go in buckets of at most 4 MiB (zero.cpp says
+// why).
 // Communication per step, stage 1 or 2: a reduce-scatter plus an all-gather, the same bytes as
 // DDP's all-reduce (a ring all-reduce IS a reduce-scatter followed by an all-gather).
 //
@@ -21,9 +29,12 @@
 // on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
 // real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's.
 //
-// Simplification, said plainly: backward still builds every full gradient before step() reduces
-// them (DeepSpeed reduce-scatters bucket by bucket during backward and frees each bucket at once,
-// so the full gradients never all exist together). held() counts what a rank keeps between steps.
+// Simplification, said plainly: a bucket is the same slice of every rank's shard, so in a
+// backward that runs from the last parameter to the first, no bucket is complete before backward is
+// halfway through (N = 2): about a shard's worth of full gradients is alive at once (DeepSpeed's
+// buckets are cut from the gradients in the order they come, then split by rank). The
+// reduce-scatters run in backward's thread and wait: they overlap nothing, unlike DDP's
+// all-reduces. held() counts what a rank keeps between steps; the peak is kit/memory.h's.
 //
 // Wraps the model instead of DDP, never together with it (one error line: kit/param_claim.h).
 // At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.
@@ -58,6 +69,9 @@ class ZeroOptimizer {
   ZeroOptimizer(const torch::nn::ModuleHolder<M>& model, ZeroOptions options)
       : ZeroOptimizer(model->parameters(), options) {}
   ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options);
+  ~ZeroOptimizer();  // takes its hooks off the parameters
+  ZeroOptimizer(const ZeroOptimizer&) = delete;  // the hooks point at this object
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   void zero_grad();  // drops the gradients (as zero_grad(set_to_none))
   void step();       // the three steps above; every rank must call it
@@ -79,6 +93,14 @@ class ZeroOptimizer {
 
  private:
   void gather_params(const torch::Tensor& own);  // all-gather the shards into the parameters
+  void reduce_scatter_grads(torch::Tensor& my_grad);  // bucket by bucket, from flat_grads_
+  torch::Tensor& flat_grads();  // the flat gradient buffer, made (zeros) and handed out as .grad
+  struct Overlap;               // stage 2: reduce-scatter during backward (zero.cpp)
+  void start_overlap();
+  void on_grad_ready(size_t i);
+  void mark_ready(size_t i);
+  void reduce_bucket(int64_t b);
+  void drop_grads();            // every .grad and the buffer under them
 
   std::shared_ptr<ProcessGroup> keep_group_;
   ProcessGroup* group_;
@@ -87,6 +109,10 @@ class ZeroOptimizer {
   ParameterClaim claim_;
   ShardLayout layout_;
   ShardedAdamW adamw_;
+  torch::Tensor flat_params_;  // N S elements; every parameter is a view of its part
+  torch::Tensor flat_grads_;   // N S elements while gradients exist; every .grad is a view
+  std::vector<unsigned> hooks_;  // stage 1, per parameter: the hook that makes flat_grads_
+  std::unique_ptr<Overlap> overlap_;  // stage 2
   torch::Tensor grad_shard_;  // stage 2: the only gradient kept, S elements
   double max_grad_norm_;      // 0: no clipping
   torch::Tensor grad_norm_;
