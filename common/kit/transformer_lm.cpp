@@ -31,7 +31,12 @@ torch::Tensor encoder_layer(torch::nn::TransformerEncoderLayerImpl& layer, const
   auto per_head = [&](const torch::Tensor& t) {
     return t.contiguous().view({seq, batch * heads, head_dim}).transpose(0, 1);
   };
-  auto qkv = F::linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, /*dim=*/-1);
+  // The key third of the bias held at zero (transformer_lm.h): this layer's bias with zeros in
+  // its place, so that its gradient is exactly zero. The query and value thirds are the same
+  // numbers, and so is their gradient.
+  const auto& b = attn.in_proj_bias;
+  auto bias = torch::cat({b.narrow(0, 0, d), torch::zeros({d}, b.options()), b.narrow(0, 2 * d, d)});
+  auto qkv = F::linear(x, attn.in_proj_weight, bias).chunk(3, /*dim=*/-1);
   auto q = qkv[0] * (1 / std::sqrt(head_dim));
   auto scores = torch::bmm(per_head(q), per_head(qkv[1]).transpose(1, 2));
   scores += causal.unsqueeze(0);
@@ -44,6 +49,11 @@ torch::Tensor encoder_layer(torch::nn::TransformerEncoderLayerImpl& layer, const
 }
 
 }  // namespace
+
+torch::Tensor key_bias(torch::nn::TransformerEncoderLayerImpl& layer) {
+  const int64_t d = layer.self_attn->options.embed_dim();
+  return layer.self_attn->in_proj_bias.narrow(0, d, d);
+}
 
 TransformerLMOptions TransformerLMOptions::from(const TrainArgs& args, int64_t vocab_size) {
   TransformerLMOptions o;
@@ -69,6 +79,14 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
                              torch::nn::TransformerEncoder(
                                  torch::nn::TransformerEncoderOptions(layer, o.layers)));
   head_ = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
+  // The attention's key bias starts at zero (torch's MultiheadAttention already sets all of
+  // in_proj_bias to zero; said here because encoder_layer() relies on it) and stays there: see
+  // the header.
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < encoder_->layers->size(); ++i)
+      key_bias(*encoder_->layers->ptr<torch::nn::TransformerEncoderLayerImpl>(i)).zero_();
+  }
 
   // Sinusoidal position codes: a buffer, not a parameter, so nothing to learn or to average.
   auto pos = torch::arange(o.max_len, torch::kFloat).unsqueeze(1);

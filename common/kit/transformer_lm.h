@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/transformercoder.h>
+#include <torch/nn/modules/transformerlayer.h>
 #include <torch/nn/pimpl.h>
 
 #include "kit/args.h"
@@ -30,6 +31,20 @@ struct TransformerLMOptions {
   static TransformerLMOptions from(const TrainArgs& args, int64_t vocab_size);
 };
 
+// The attention's key bias (the middle third of each layer's in_proj_bias) is held at zero: it
+// starts at zero and the forward uses zeros in its place, so its gradient is exactly 0 and AdamW
+// never moves it. Why: softmax ignores a constant added to every score of a row, and a key bias
+// adds q . b_k to all of them, so its true gradient is zero; computed, it is float32 rounding
+// noise (~1e-9) whose sign depends on the order of summation. AdamW divides by sqrt(v) + eps,
+// eps = 1e-8, and turns that noise into updates of about +-lr in whatever direction it points,
+// so a reduce-scatter (ZeRO) and an all-reduce (DDP), summing in different orders, train
+// different weights. Removing the noise at its source keeps AdamW's default eps and makes the
+// key bias identical under DDP and every ZeRO stage: the zero comes from forward itself, so it
+// holds for ZeRO-3 too, which builds its gradients from the units' run() and never from hooks on
+// the parameters. Why not drop the bias (bias_k): the parameter stays where torch puts it, so
+// the model keeps torch.nn's parameter layout and count (the checkpoints, the Python oracle's
+// nn.TransformerEncoderLayer, the ZeRO formulas), and the function it computes is unchanged.
+// The Python oracle (tests/oracle/oracle_ex01.py) does the same with a gradient hook.
 class TransformerLMImpl : public torch::nn::Module {
  public:
   explicit TransformerLMImpl(const TransformerLMOptions& options);
@@ -63,6 +78,9 @@ class TransformerLMImpl : public torch::nn::Module {
   int64_t training_forwards_ = 0;
 };
 TORCH_MODULE(TransformerLM);
+
+// The key third of `layer`'s attention in_proj_bias (a view: what TransformerLM holds at zero).
+torch::Tensor key_bias(torch::nn::TransformerEncoderLayerImpl& layer);
 
 // Mean cross-entropy of next-word predictions: logits [b, s, v], targets [b, s].
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

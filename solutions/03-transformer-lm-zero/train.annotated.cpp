@@ -188,10 +188,8 @@ int main(int argc, char** argv) {
   kit::print0("parameters %lld in units%s on %d ranks\n",
               static_cast<long long>(numel_of(model->parameters())), units.c_str(), world_size);
 
-  // eps 1e-3, not AdamW's 1e-8: a gradient that is zero up to rounding (the attention key bias)
-  // would otherwise become a full-size update whose sign depends on the order of summation, and
-  // a reduce-scatter sums in another order than an all-reduce.
-  const auto adamw = torch::optim::AdamWOptions(args.lr).eps(1e-3);
+  // Exercise 01's AdamW: every stage below trains with these options, as DDP does.
+  const auto adamw = torch::optim::AdamWOptions(args.lr);
   // A checkpoint belongs to one stage: another stage's is refused.
   kit::Checkpoints checkpoints(
       args.out_dir,

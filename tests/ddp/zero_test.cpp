@@ -274,11 +274,53 @@ TEST(TransformerLMUnits, EachLayerIsTheFrontendsLayerBitForBit) {
     const auto [theirs, their_grads] = run(true);
     EXPECT_TRUE(torch::equal(ours, theirs)) << "layer " << u << ": outputs differ";
     ASSERT_EQ(our_grads.size(), their_grads.size());
-    for (size_t k = 0; k < our_grads.size(); ++k)
+    // One difference by design (kit/transformer_lm.h): the key third of in_proj_bias, held at
+    // zero, gets exactly zero where the frontend's layer gets float32 rounding noise (softmax
+    // ignores the shift it makes). Everything else, its other two thirds included, is equal.
+    const int64_t d = o.d_model;
+    auto names = layer->named_parameters().keys();
+    for (size_t k = 0; k < our_grads.size(); ++k) {
+      if (k > 0 && names[k - 1] == "self_attn.in_proj_bias") {
+        auto ours_k = our_grads[k].narrow(0, d, d), theirs_k = their_grads[k].narrow(0, d, d);
+        EXPECT_TRUE(torch::equal(ours_k, torch::zeros_like(ours_k))) << "layer " << u;
+        EXPECT_LT(theirs_k.abs().max().item<double>(), 1e-5) << "layer " << u << ": not rounding noise";
+        our_grads[k].narrow(0, d, d).copy_(theirs_k);  // compare the rest below
+      }
       EXPECT_TRUE(torch::equal(our_grads[k], their_grads[k]))
           << "layer " << u << ": gradient " << k << " differs (0: the input's)";
+    }
     // The masks matter: with another seed the same layer gives another output.
     EXPECT_FALSE(torch::equal(ours, run(false, 12).first)) << "layer " << u << ": dropout inactive?";
+  }
+}
+
+// The attention's key bias is held at zero (kit/transformer_lm.h): zero at construction, an
+// exactly zero gradient while the query and value thirds get real ones, still exactly zero after
+// AdamW steps with its default eps (1e-8), which would turn rounding noise into +-lr updates.
+TEST(TransformerLMKeyBias, StartsAtZeroGetsNoGradientAndNeverMoves) {
+  auto o = kit_test::tiny_lm(61, 12);
+  torch::manual_seed(3);
+  kit::TransformerLM fresh(o);
+  torch::optim::AdamW adamw(fresh->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  auto units = fresh->units();
+  const int64_t d = o.d_model;
+  for (int step = 0; step < 3; ++step) {
+    adamw.zero_grad();
+    auto tokens = torch::randint(61, {4, 12});
+    kit::lm_loss(fresh->forward(tokens), torch::randint(61, {4, 12})).backward();
+    for (size_t u = 1; u + 1 < units.size(); ++u) {
+      auto& layer = *std::dynamic_pointer_cast<torch::nn::TransformerEncoderLayerImpl>(units[u].module);
+      const auto& g = layer.self_attn->in_proj_bias.grad();
+      EXPECT_TRUE(torch::equal(g.narrow(0, d, d), torch::zeros({d}))) << "unit " << u;
+      EXPECT_GT(g.narrow(0, 0, d).abs().max().item<double>(), 1e-6) << "unit " << u << ": query";
+      EXPECT_GT(g.narrow(0, 2 * d, d).abs().max().item<double>(), 1e-6) << "unit " << u << ": value";
+    }
+    adamw.step();
+  }
+  for (size_t u = 1; u + 1 < units.size(); ++u) {
+    auto& layer = *std::dynamic_pointer_cast<torch::nn::TransformerEncoderLayerImpl>(units[u].module);
+    EXPECT_TRUE(torch::equal(kit::key_bias(layer), torch::zeros({d}))) << "unit " << u;
+    EXPECT_GT(layer.self_attn->in_proj_bias.narrow(0, 0, d).abs().max().item<double>(), 0) << "query moved";
   }
 }
 

@@ -118,6 +118,17 @@ class LanguageModel(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, vocab_size)
         self.register_buffer("positions", torch.zeros(SEQ_LEN, d_model))  # loaded from the run
+        # The attention's key bias (the middle third of in_proj_bias) is held at zero, as
+        # kit::TransformerLM holds it (see kit/transformer_lm.h): it starts at zero (the loaded
+        # weights) and its gradient, rounding noise that AdamW would blow up into +-lr steps, is
+        # replaced by exact zeros, so it never moves.
+        for lay in self.encoder.layers:
+            lay.self_attn.in_proj_bias.register_hook(self.no_key_bias_grad)
+
+    def no_key_bias_grad(self, grad):
+        grad = grad.clone()
+        grad[self.d_model:2 * self.d_model] = 0
+        return grad
 
     def forward(self, tokens):
         seq = tokens.size(1)
@@ -222,6 +233,9 @@ def main():
            f"run: {weights['embed.weight'].size(0)}")
     model = LanguageModel(len(vocab), **MODEL)
     model.load_state_dict(weights, strict=True)  # every name and shape must match kit's model
+    d = MODEL["d_model"]
+    expect(all(not lay.self_attn.in_proj_bias[d:2 * d].any() for lay in model.encoder.layers),
+           "the run's attention key bias starts at zero (kit/transformer_lm.h)")
     # Plain AdamW, one tensor at a time (foreach=False): the C++ optimizer's arithmetic.
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
 
