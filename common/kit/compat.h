@@ -29,6 +29,7 @@
 #if defined(KIT_HAVE_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -38,6 +39,28 @@
 
 #if TORCH_VERSION_MAJOR < 2
 #error "kit: LibTorch 2.x is required (see README: supported versions)"
+#endif
+
+// 8. KIT_DEVICE_CHECK=nccl's fake device (kit/device_check.cpp) implements c10's Allocator, a
+// DeviceGuardImplInterface and ATen's PrivateUse1 hooks, whose virtual functions changed shape
+// within 2.x (Allocator::allocate lost its const, copy_data and most of the hooks are newer than
+// 2.2). It is written against 2.13 and newer, what CI runs it on; an older LibTorch builds the
+// kit without it, and asking for the mode there is one line that says so.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+#define KIT_HAVE_FAKE_DEVICE 1
+#else
+#define KIT_HAVE_FAKE_DEVICE 0
+#endif
+
+// 9. c10::Allocator, which kit/memory.cpp's counting allocator derives from: up to 2.2,
+// allocate() is const and there is no copy_data(); from 2.3 on (the headers of 2.2.2, 2.3.1 and
+// 2.4.1 read), allocate() is not const and copy_data() must be given.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define KIT_ALLOCATE_CONST
+#define KIT_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define KIT_ALLOCATE_CONST const
+#define KIT_ALLOCATOR_HAS_COPY_DATA 0
 #endif
 
 namespace kit::compat {
@@ -117,9 +140,16 @@ inline std::string gpu_name([[maybe_unused]] int index) {
 
 // 7. The NCCL path's version-dependent calls (and the CUDA parts it needs), each in one helper.
 // c10d::Backend::shutdown(): ProcessGroupNCCL finalizes its communicators and stops its watchdog
-// (torch.distributed.destroy_process_group() calls it); a no-op on Gloo. Present in 2.13 and
-// 2.14; a LibTorch without it would get its shim here.
-inline void shutdown_backend(Backend& backend) { backend.shutdown(); }
+// (torch.distributed.destroy_process_group() calls it); a no-op on Gloo. LibTorch 2.2 has no
+// Backend::shutdown() (the backend's destructor does that work there), so it is called where it
+// exists, found by overload resolution rather than a version number.
+template <typename B>
+auto shutdown_if_there(B& backend, int) -> decltype(backend.shutdown(), void()) {
+  backend.shutdown();
+}
+template <typename B>
+void shutdown_if_there(B&, long) {}
+inline void shutdown_backend(Backend& backend) { shutdown_if_there(backend, 0); }
 
 // NCCL's asynchronous error handling: a collective that fails or times out ends the process
 // (c10d's watchdog aborts it: SIGABRT, which ddprun names) instead of hanging it. 2.13 and 2.14
@@ -173,18 +203,29 @@ inline bool set_cuda_rng_states([[maybe_unused]] const std::vector<std::string>&
 // the current stream wait for it, so a host clock around an enqueue or a wait measures nothing.
 // record_gpu_event(device) marks "now" on the device's current stream (nullptr in a CPU build);
 // gpu_seconds(a, b) is the device time between two marks (it waits until b has happened).
-inline std::unique_ptr<c10::Event> record_gpu_event([[maybe_unused]] const c10::Device& device) {
+// ATen's CUDAEvent, not c10::Event: the latter only gained synchronize() and elapsedTime() after
+// 2.2, the oldest LibTorch the kit supports.
 #if defined(KIT_HAVE_NCCL)
-  auto e = std::make_unique<c10::Event>(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);  // timing on
+using GpuEvent = at::cuda::CUDAEvent;
+#else
+struct GpuEvent {};  // a CPU build never makes one
+#endif
+inline std::unique_ptr<GpuEvent> record_gpu_event([[maybe_unused]] const c10::Device& device) {
+#if defined(KIT_HAVE_NCCL)
+  auto e = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);  // timing on
   e->record(c10::cuda::getCurrentCUDAStream(device.index()));
   return e;
 #else
   return nullptr;
 #endif
 }
-inline double gpu_seconds(const c10::Event& a, const c10::Event& b) {
+inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] const GpuEvent& b) {
+#if defined(KIT_HAVE_NCCL)
   b.synchronize();
-  return a.elapsedTime(b) / 1000.0;
+  return a.elapsed_time(b) / 1000.0;
+#else
+  return 0;
+#endif
 }
 
 }  // namespace kit::compat

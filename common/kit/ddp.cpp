@@ -98,7 +98,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   // On a GPU the wait and reduce times are device time (compat::record_gpu_event): marks on the
   // current stream at the first launch, before the waits and after them, read one step later
   // (or by stats()) so that no step waits for the GPU just to time itself.
-  std::unique_ptr<c10::Event> launch_mark, wait_mark, done_mark;
+  std::unique_ptr<compat::GpuEvent> launch_mark, wait_mark, done_mark;
   DDPStats stats;
   std::mutex mutex;
 

@@ -8,6 +8,9 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "kit/compat.h"  // KIT_HAVE_FAKE_DEVICE (note 8)
+
+#if KIT_HAVE_FAKE_DEVICE
 #include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -22,8 +25,10 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/library.h>
+#endif
 
 namespace kit::device_check {
+#if KIT_HAVE_FAKE_DEVICE
 namespace {
 
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -178,10 +183,16 @@ void register_device() {
 
 }  // namespace
 
+#endif  // KIT_HAVE_FAKE_DEVICE
+
 bool enabled() {
   static const bool on = [] {
     const char* v = std::getenv("KIT_DEVICE_CHECK");
     if (v == nullptr || *v == '\0') return false;
+    if (std::strcmp(v, "nccl") == 0 && !KIT_HAVE_FAKE_DEVICE)
+      throw std::runtime_error("KIT_DEVICE_CHECK=nccl needs LibTorch 2.13 or newer (this build: " +
+                               std::to_string(TORCH_VERSION_MAJOR) + "." +
+                               std::to_string(TORCH_VERSION_MINOR) + "): leave it unset");
     if (std::strcmp(v, "nccl") == 0) return true;
     throw std::runtime_error(std::string("KIT_DEVICE_CHECK=") + v +
                              " is not a check: use nccl (every tensor of a collective on the "
@@ -190,6 +201,7 @@ bool enabled() {
   return on;
 }
 
+#if KIT_HAVE_FAKE_DEVICE
 torch::Device device() {
   static std::once_flag once;
   std::call_once(once, register_device);
@@ -204,5 +216,9 @@ torch::Tensor host_alias(const torch::Tensor& t) {
   return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {},
                        t.options().device(at::kCPU));
 }
+#else   // enabled() is false or has thrown: nothing asks for the device
+torch::Device device() { return torch::Device(torch::kCPU); }
+torch::Tensor host_alias(const torch::Tensor& t) { return t; }
+#endif
 
 }  // namespace kit::device_check

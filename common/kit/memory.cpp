@@ -10,6 +10,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include "kit/compat.h"  // KIT_ALLOCATE_CONST, KIT_ALLOCATOR_HAS_COPY_DATA (note 9)
+
 namespace kit::memory {
 
 // A count of live bytes and its peak. An Account's counter lives as long as the Account or the last
@@ -59,7 +61,7 @@ void release(void* data) {
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) override {
+  c10::DataPtr allocate(size_t n) KIT_ALLOCATE_CONST override {
     void* base = c10::alloc_cpu(n + kHeader);
     const auto bytes = static_cast<int64_t>(n);
     Counter* scope = t_scope;
@@ -73,9 +75,11 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+#if KIT_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+#endif
 };
 
 CountingAllocator g_counting;

@@ -50,8 +50,11 @@ def counter(build_dir, rank):
             with open(binding, "w") as f:
                 f.write(BINDING)
         return load("kit_memory_ext", [os.path.join(ROOT, "common/kit/memory.cpp"), binding],
-                    extra_include_paths=[os.path.join(ROOT, "common")], build_directory=build_dir,
-                    extra_cflags=["-O2"], verbose=False)
+                    extra_include_paths=[os.path.join(ROOT, "common"),
+                                         # kit/compat.h includes c10d's Gloo header
+                                         os.path.join(ROOT, "common", "gloo-declarations")],
+                    build_directory=build_dir, extra_cflags=["-O2", "-DUSE_C10D_GLOO"],
+                    verbose=False)
     if rank == 0:
         mod = build()
         dist.barrier()
