@@ -105,6 +105,13 @@ class DataLoader {
   DataLoader(const Dataset& dataset, size_t batch_size, const DistributedSampler& sampler,
              LoaderOptions options = {})
       : data_(&dataset), batch_size_(batch_size), sampler_(&sampler), options_(checked(options)) {}
+  // The loader reads the dataset and the sampler it is given where they are, for as long as it
+  // lives: a temporary would be gone before the first batch. Refused when it compiles, instead
+  // of reading freed memory later (tests/data: DataLoaderTakesNoTemporaries).
+  DataLoader(const Dataset&&, size_t, bool = false, LoaderOptions = {}) = delete;
+  DataLoader(const Dataset&&, size_t, LoaderOptions) = delete;
+  DataLoader(const Dataset&&, size_t, const DistributedSampler&, LoaderOptions = {}) = delete;
+  DataLoader(const Dataset&, size_t, const DistributedSampler&&, LoaderOptions = {}) = delete;
 
   size_t size() const {  // batches per epoch
     size_t n = sampler_ ? sampler_->size() : data_->size();

@@ -22,16 +22,23 @@ struct FullyShardedModel::Unit {
 
 namespace {
 
-// The unit's input and its weight shard in, the unit's output out; see zero3.h. The unit and the
-// model travel as pointers in the context (they outlive the graph: a step's backward comes before
-// the model is destroyed).
+// Which model and unit a recorded forward belongs to, kept in autograd's context for backward.
+// The context stores IValues; a custom class in a capsule keeps the two typed pointers (no
+// integers standing for addresses). Both outlive the graph: a step's backward comes before the
+// model is destroyed.
+struct UnitRef : torch::CustomClassHolder {
+  UnitRef(FullyShardedModel* m, FullyShardedModel::Unit* u) : model(m), unit(u) {}
+  FullyShardedModel* model;
+  FullyShardedModel::Unit* unit;
+};
+
+// The unit's input and its weight shard in, the unit's output out; see zero3.h.
 struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input,
                                torch::Tensor shard, FullyShardedModel* model,
                                FullyShardedModel::Unit* unit) {
     (void)shard;  // an input only so that its gradient comes back through backward()
-    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
-    ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(c10::make_intrusive<UnitRef>(model, unit));
     // Where the random numbers stand (dropout), for the recomputation in backward.
     auto gen = at::globalContext().defaultGenerator(input.device());
     {
@@ -47,8 +54,9 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    auto* model = reinterpret_cast<FullyShardedModel*>(ctx->saved_data["model"].toInt());
-    auto* unit = reinterpret_cast<FullyShardedModel::Unit*>(ctx->saved_data["unit"].toInt());
+    const auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    FullyShardedModel* model = ref->model;
+    FullyShardedModel::Unit* unit = ref->unit;
     const torch::Tensor saved = ctx->get_saved_variables()[0];
     torch::Tensor input = saved.detach();
     const bool input_grad = input.is_floating_point();  // the tokens have none
@@ -138,8 +146,8 @@ FullyShardedModel::FullyShardedModel(std::vector<TransformerLMImpl::Unit> units,
     group_->broadcast(flat, 0);
     auto shard = layout.own(flat).clone().requires_grad_(true);
     ShardedAdamW adamw(options.adamw, shard.detach());
-    units_.push_back(std::unique_ptr<Unit>(
-        new Unit{u, params, layout, shard, std::move(adamw), torch::Tensor()}));
+    units_.push_back(std::make_unique<Unit>(
+        Unit{u, params, layout, shard, std::move(adamw), torch::Tensor()}));
     release(*units_.back());
   }
   gathered_peak_ = 0;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <type_traits>
 #include <set>
 #include <string>
 #include <vector>
@@ -328,3 +329,21 @@ TEST(DataLoaderOptions, WorkerErrorsReachTheTrainingLoop) {
 }
 
 }  // namespace
+
+// The loader keeps references to its dataset and sampler: a temporary of either is refused when
+// it compiles (it would be freed before the first batch), while named ones are accepted.
+TEST(DataLoaderOptions, DataLoaderTakesNoTemporaries) {
+  using Loader = kit::DataLoader<kit::Cifar10Dataset>;
+  using kit::Cifar10Dataset;
+  using kit::DistributedSampler;
+  static_assert(std::is_constructible_v<Loader, const Cifar10Dataset&, size_t>);
+  static_assert(std::is_constructible_v<Loader, const Cifar10Dataset&, size_t,
+                                        const DistributedSampler&>);
+  static_assert(!std::is_constructible_v<Loader, Cifar10Dataset&&, size_t>);
+  static_assert(!std::is_constructible_v<Loader, Cifar10Dataset&&, size_t, kit::LoaderOptions>);
+  static_assert(!std::is_constructible_v<Loader, Cifar10Dataset&&, size_t,
+                                         const DistributedSampler&>);
+  static_assert(!std::is_constructible_v<Loader, const Cifar10Dataset&, size_t,
+                                         DistributedSampler&&>);
+  SUCCEED();
+}
