@@ -11,7 +11,8 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
      up loopback only (no route to anything, the package index included), and drops to `nobody`,
      with PYTHON's folder first on PATH;
   3. as that user: `./kit demo --epochs 1 --max-steps 3` (build, then 2 ranks on Gloo), then
-     `./kit stage 00 LAST` and `./kit check 00` (the finished exercise must pass every TODO).
+     `./kit stage NN LAST` and `./kit check NN` for exercises 00 and 01 (the finished exercise
+     must pass every TODO).
 Each step must succeed, say which torch it built against and how it got Gloo's headers, and
 nothing may ask for root (no apt-get, no sudo) or the network.
 
@@ -120,14 +121,17 @@ def main():
            and "load the site's PyTorch module" in lines[0],
            "no torch and no network: one error line naming the fix, exit 2, no .venv left", out)
 
-    todos = subprocess.run([sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"),
-                            "todos", "00-collectives", "--json"], capture_output=True, text=True,
-                           check=True).stdout
-    last = max(int(t["todo"]) for t in json.loads(todos))
-    rc, out = as_user(work, site, f"cd ~/kit && ./kit stage 00 {last} && ./kit check 00")
-    expect(rc == 0, f"./kit check 00 passes the finished exercise (stage {last}) on the login node",
-           out)
-    expect("✘" not in out and out.count("✔") >= last, "every TODO is judged ✔", out)
+    # ./kit check on the finished exercises 00 (collectives) and 01 (the flagship: the trainer
+    # built against the CUDA torch, run on the CPU with Gloo, judged TODO by TODO).
+    for ex, name in (("00", "00-collectives"), ("01", "01-transformer-lm-ddp")):
+        todos = subprocess.run([sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"),
+                                "todos", name, "--json"], capture_output=True, text=True,
+                               check=True).stdout
+        last = max(int(str(t["todo"]).split("-")[-1]) for t in json.loads(todos))
+        rc, out = as_user(work, site, f"cd ~/kit && ./kit stage {ex} {last} && ./kit check {ex}")
+        expect(rc == 0, f"./kit check {ex} passes the finished exercise (stage {last}) on the "
+               "login node", out)
+        expect("✘" not in out and "✔" in out, f"{ex}: no TODO is judged ✘", out)
     return finish()
 
 
