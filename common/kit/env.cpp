@@ -63,7 +63,7 @@ std::string device_for(const RankEnv& env, int visible_gpus, const char* visible
   // takes the L-th. (More visible than ranks is the second case too: one process on a
   // workstation with two GPUs, or ddprun --nproc 2 on a node of four.)
   // (That every rank of a node sees one and the same GPU, --gres=gpu:1 with four tasks, cannot
-  // be told from here; sbatch/job.sh refuses more tasks per node than GPUs before srun.)
+  // be told from one rank: setup() compares every rank's node and GPU, see shared_gpu().)
   if (visible_gpus == 1) return "cuda:0";
   const int ranks = std::max(env.local_world_size, env.local_rank + 1);
   if (visible_gpus >= ranks) return "cuda:" + std::to_string(env.local_rank);
@@ -96,8 +96,8 @@ std::string shared_gpu(const std::vector<std::string>& gpu_of_rank) {
 std::string gpus_given_but_unseen(const EnvLookup& env, int visible_gpus) {
   if (visible_gpus > 0) return "";
   for (const char* v : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"}) {
+    if (!has(env, v) || std::string(env(v)) == "0") continue;
     const char* value = env(v);
-    if (value == nullptr || *value == '\0' || std::string(value) == "0") continue;
     const char* seen = env("CUDA_VISIBLE_DEVICES");
     return std::string("Slurm gave this job GPUs on this node (") + v + "=" + value +
            ") but this rank sees none (CUDA_VISIBLE_DEVICES=" + (seen ? seen : "unset") +

@@ -33,23 +33,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from checkout import copy_checkout  # noqa: E402
 from verdict import expect, finish, root_test_args  # noqa: E402
 
 USER = "nobody"
-
-
-def copy_as_cloned(dest):
-    """The files a clone would have: tracked, plus untracked ones git does not ignore (work in
-    progress counts, build folders and venvs do not)."""
-    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "-co", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.split(b"\0")
-    for name in filter(None, files):
-        src = os.path.join(ROOT, os.fsdecode(name))
-        if not os.path.lexists(src):  # deleted in the work tree
-            continue
-        dst = os.path.join(dest, os.fsdecode(name))
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 def as_user(work, site, script):
@@ -89,7 +76,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.join(work, "empty"))
     kit = os.path.join(work, "home", "kit")
-    copy_as_cloned(kit)
+    copy_checkout(ROOT, kit, untracked=True)  # as a clone would have it, work in progress too
     user = pwd.getpwnam(USER)
     for d, _, names in os.walk(os.path.join(work, "home")):
         for p in [d] + [os.path.join(d, n) for n in names]:

@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checkout import copy_checkout  # noqa: E402 (tests/support)
+
 # name, file, the exact text, its replacement, the labels that should catch it, what the bug is.
 BUGS = [
     ("save0-every-rank", "common/kit/distributed.cpp",
@@ -84,13 +87,7 @@ BUGS = [
 
 def copy_sources(root, dst):
     """The tracked files of the checkout (no build folders, no virtual environments)."""
-    files = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, check=True,
-                           text=True).stdout.split("\0")
-    for f in filter(None, files):
-        s, d = os.path.join(root, f), os.path.join(dst, f)
-        if os.path.isfile(s):
-            os.makedirs(os.path.dirname(d), exist_ok=True)
-            shutil.copy2(s, d)
+    copy_checkout(root, dst)
     node = os.path.join(root, "slides", "node_modules")  # only if a bug's labels need the slides
     if os.path.isdir(node) and not os.path.exists(os.path.join(dst, "slides", "node_modules")):
         os.symlink(node, os.path.join(dst, "slides", "node_modules"))
