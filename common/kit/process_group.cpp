@@ -93,7 +93,6 @@ std::string explain(const std::string& error, const Work::Impl& w) {
   return who + " failed: " + first_line(error);
 }
 
-
 }  // namespace
 
 void Work::wait() {
@@ -204,11 +203,9 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     auto all = torch::empty({size_ * kFields}, mine.options());
     auto check = std::make_shared<Work::Impl>(*w);
     check->what = w->what + ", comparing it across ranks (KIT_DEBUG_COLLECTIVES)";
+    auto all_wire = wire(all, *check), mine_wire = wire(mine, *check);
     try {
-      auto all_wire = wire(all, *check), mine_wire = wire(mine, *check);
       check->work = impl_->backend->_allgather_base(all_wire, mine_wire);
-    } catch (const CommError&) {  // already one line naming the call (wire())
-      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *check));
     }
@@ -261,8 +258,6 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
   std::vector<torch::Tensor> list{wire(send, *w)};
   try {
     w->work = impl_->backend->allreduce(list, opts);
-  } catch (const CommError&) {  // already one line naming the call (wire())
-    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -280,8 +275,6 @@ void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
     opts.rootRank = root;
     try {
       w->work = impl_->backend->broadcast(ts, opts);
-    } catch (const CommError&) {  // already one line naming the call (wire())
-      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }
@@ -297,21 +290,20 @@ Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, C
                     " elements of the same dtype, it holds " + std::to_string(output.numel()));
   auto w = enter("all_gather", input, "-", site);
   auto in = input.contiguous();
+  // One flat buffer for everybody's part (c10d's "allgather into tensor"), or one tensor per
+  // rank, copied into the output in wait().
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  std::vector<torch::Tensor> ins{wire(in, *w)};
+  if (output.is_contiguous()) {
+    outs[0].push_back(wire(output, *w));
+  } else {
+    for (int r = 0; r < size_; ++r) w->gather_list.push_back(torch::empty_like(in));
+    for (auto& o : w->gather_list) outs[0].push_back(wire(o, *w));
+    w->gather_into = output;
+  }
   try {
-    if (output.is_contiguous()) {
-      // One flat buffer for everybody's part (c10d's "allgather into tensor").
-      auto out = wire(output, *w), in_wire = wire(in, *w);
-      w->work = impl_->backend->_allgather_base(out, in_wire);
-    } else {
-      std::vector<std::vector<torch::Tensor>> outs(1);
-      for (int r = 0; r < size_; ++r) w->gather_list.push_back(torch::empty_like(in));
-      for (auto& o : w->gather_list) outs[0].push_back(wire(o, *w));
-      std::vector<torch::Tensor> ins{wire(in, *w)};
-      w->work = impl_->backend->allgather(outs, ins);
-      w->gather_into = output;
-    }
-  } catch (const CommError&) {  // already one line naming the call (wire())
-    throw;
+    w->work = output.is_contiguous() ? impl_->backend->_allgather_base(outs[0][0], ins[0])
+                                     : impl_->backend->allgather(outs, ins);
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -331,11 +323,9 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor inpu
   // c10d's flat reduce-scatter (on Gloo an all-reduce inside c10d: kit/compat.h, note 3).
   auto out = output.is_contiguous() ? output : output.contiguous();
   auto in = input.contiguous();
+  auto out_wire = wire(out, *w), in_wire = wire(in, *w);
   try {
-    auto out_wire = wire(out, *w), in_wire = wire(in, *w);
     w->work = impl_->backend->_reduce_scatter_base(out_wire, in_wire, opts);
-  } catch (const CommError&) {  // already one line naming the call (wire())
-    throw;
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *w));
   }
@@ -353,8 +343,6 @@ void ProcessGroup::barrier(CallSite site) {
     w = enter("barrier", torch::Tensor(), "-", site);
     try {
       w->work = impl_->backend->barrier();
-    } catch (const CommError&) {  // already one line naming the call (wire())
-      throw;
     } catch (const std::exception& e) {
       throw CommError(explain(e.what(), *w));
     }
