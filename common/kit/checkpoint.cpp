@@ -149,9 +149,10 @@ std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& s
     st.resize(size);
     if (!in.read(st.data(), static_cast<std::streamsize>(size))) return "its CUDA random state is damaged";
   }
-  if (states.size() != compat::cuda_rng_states().size())
+  const size_t here = compat::cuda_rng_states().size();  // this process's GPUs
+  if (states.size() != here)
     return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
-           std::to_string(compat::cuda_rng_states().size()) + " (a bit-exact resume needs the same GPUs)";
+           std::to_string(here) + " (a bit-exact resume needs the same GPUs)";
   return "";
 }
 
