@@ -80,7 +80,7 @@ def facts(ex):
         missing = [l for l in labels if l not in given]
         extra = [l for l in given if l not in labels]
         if missing or extra:
-            what = (f"TODO {', '.join(missing)} has no line in its [{table}]" if missing else
+            what = (f"TODO {', '.join(missing)} has no line in [{table}]" if missing else
                     f"[{table}] has {', '.join(extra)}, which is no TODO of the annotated sources")
             raise PageError(f"exercises/{ex}/info.toml: {what} (one entry per TODO label)")
     for deck in info["decks"]:
