@@ -170,7 +170,7 @@ kit_job_init() {
   esac
   [ -x "$KIT_PROGRAM" ] ||
     kit_die "$KIT_PROGRAM is not built: build it on the login node with" \
-      "'cmake --build $KIT_BUILD --target ${KIT_PROGRAM##*/}' (configure first as the README" \
+      "'cmake --build $KIT_BUILD --target ${KIT_PROGRAM##*/}' (configure first as sbatch/README.md" \
       "says under 'On the cluster'), or set KIT_BUILD to your build folder"
 
   KIT_DATA=${KIT_DATA_DIR:-${WIKITEXT2_DIR:-${HOME:-}/data/wikitext-2}}

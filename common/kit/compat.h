@@ -1,7 +1,7 @@
 // kit/compat.h — the only place that knows LibTorch versions and builds apart. Included by kit's
 // .cpp files only; exercises and solutions never see a version or backend difference.
 //
-// Supported: LibTorch 2.2 to 2.15 (common/cmake/torch.cmake; README, "Building on a cluster",
+// Supported: LibTorch 2.2 to 2.15 (common/cmake/torch.cmake; common/README.md, "Building on a cluster",
 // says which release CI compiles or runs). Releases before 2.2 do not compile. The differences
 // handled here, each named where it is handled:
 //   1. autograd nodes are held by intrusive_ptr since 2.x (std::shared_ptr before): NodePtr.
@@ -38,7 +38,7 @@
 #include <string>
 
 #if TORCH_VERSION_MAJOR < 2
-#error "kit: LibTorch 2.x is required (see README: supported versions)"
+#error "kit: LibTorch 2.x is required (see common/README.md: supported versions)"
 #endif
 
 // 8. KIT_DEVICE_CHECK=nccl's fake device (kit/device_check.cpp) implements c10's Allocator, a

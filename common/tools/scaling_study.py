@@ -17,7 +17,7 @@ slides/tools/plot_scaling.py.
 Each rank gets --threads-per-rank CPU threads (default 1: one core per rank, the CPU analogue
 of one GPU per rank). On a machine with fewer cores than ranks the ranks share cores and the
 efficiency says more about the machine than about the program: the CSV's rows say how many
-ranks ran, and the README says on which machine.
+ranks ran, and a run of record says on which machine (slides/results/scaling/README.md).
 """
 import argparse
 import csv

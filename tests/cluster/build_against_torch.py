@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile and link the kit, every exercise and every solution against one release of LibTorch,
 from its pip wheel alone, without installing it: the check that the kit still builds with the
-oldest and the newest PyTorch a site may have (README, "Building on a cluster").
+oldest and the newest PyTorch a site may have (common/README.md, "Building on a cluster").
 
 Every torch wheel on the package index but one (2.13.0+cpu, which the suite runs) is a CUDA build
 of several GB, and its CUDA libraries (another few GB) would be needed only to run it. So this

@@ -13,7 +13,7 @@ of them pass. An edit whose text is no longer in the source, or that no longer c
 error of this table, not a result: the run stops and says which.
 
 Not part of `./kit test`: it rebuilds the kit once per bug and takes 15-30 minutes on 2 cores.
-The score goes in the README ("Tests that bite").
+The score goes in tests/README.md ("Tests that bite").
 """
 import argparse
 import os

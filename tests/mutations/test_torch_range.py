@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The supported LibTorch range (README, "Building on a cluster"), checked when the kit is
+"""The supported LibTorch range (common/README.md, "Building on a cluster"), checked when the kit is
 configured: a LibTorch outside it stops `./kit build` with one line that names the version, the
 range and the way out; -DKIT_ALLOW_UNTESTED_TORCH=ON turns the stop into a warning.
 

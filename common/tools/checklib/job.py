@@ -8,7 +8,7 @@ judged) behind a small wrapper:
 
   * "as written": sbatch SCRIPT, with the script's own #SBATCH lines;
   * "reshaped":   sbatch --nodes=2 --gres=gpu:2 SCRIPT. A job script must follow its allocation
-                  (the README: only --nodes and --gres change), and on the real shape alone a
+                  (sbatch/README.md: only --nodes and --gres change), and on the real shape alone a
                   script with one GPU and one task could not be told from a right one.
 
 Two probes record what happened, in files of the check's work folder:
