@@ -1,9 +1,9 @@
 // kit/compat.h — the only place that knows LibTorch versions and builds apart. Included by kit's
 // .cpp files only; exercises and solutions never see a version or backend difference.
 //
-// Supported: LibTorch 2.2 to 2.15 (common/cmake/torch.cmake; common/README.md, "Building on a cluster",
-// says which release CI compiles or runs). Releases before 2.2 do not compile. The differences
-// handled here, each named where it is handled:
+// Supported: LibTorch 2.2 to 2.15 (common/cmake/torch.cmake; common/README.md, "Building on a
+// cluster", says which release CI compiles or runs). Releases before 2.2 do not compile. The
+// differences handled here, each named where it is handled:
 //   1. autograd nodes are held by intrusive_ptr since 2.x (std::shared_ptr before): NodePtr.
 //   2. the collectives live on c10d::Backend, not on c10d::ProcessGroup (split in 2.0): Backend.
 //   3. (none left) 1.13's Gloo had no AVG and no reduce-scatter, and the kit emulated both. In
