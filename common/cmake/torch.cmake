@@ -5,11 +5,11 @@
 #
 # Sets KIT_HAVE_NCCL (ON for a CUDA build of LibTorch) and kit_torch_extra_includes.
 
-# The supported range (common/README.md: "Building on a cluster"). CI runs the suite on the
-# pinned 2.13 (requirements.txt), compiles everything against 2.14.1 with CUDA (./kit cuda-build) and against
-# the oldest release below, KIT_TORCH_OLDEST_CI (tests/cluster: cluster.torch_oldest); 2.15 was
-# compiled by hand with the same tool (common/README.md). 2.1 and older fail to compile (C++20 and
-# TransformerEncoderLayer's activation option). Others stop the configure step with one line;
+# The supported range (common/README.md: "Building on a cluster"). CI runs the suite on the pinned
+# 2.13 (requirements.txt), compiles everything against 2.14.1 with CUDA (./kit cuda-build) and
+# against the oldest release below, KIT_TORCH_OLDEST_CI (tests/cluster: cluster.torch_oldest); 2.15
+# was compiled by hand with the same tool (common/README.md). 2.1 and older fail to compile (C++20
+# and TransformerEncoderLayer's activation option). Others stop the configure step with one line;
 # -DKIT_ALLOW_UNTESTED_TORCH=ON turns that into a warning.
 set(KIT_TORCH_OLDEST 2.2)
 set(KIT_TORCH_NEWEST 2.15)
