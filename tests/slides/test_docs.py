@@ -45,6 +45,8 @@ def run(root, tool, *args):
 
 def edit(root, path, old, new):
     full = os.path.join(root, path)
+    if not os.path.isfile(full):
+        raise SystemExit(f"FAIL {path} does not exist")
     text = open(full, encoding="utf-8").read()
     if old not in text:
         raise SystemExit(f"test_docs.py: {path} no longer holds {old!r}: update this test")
