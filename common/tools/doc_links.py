@@ -52,6 +52,21 @@ def prose_lines(text):
             yield n, re.sub(r"(`+)(.+?)\1", lambda c: " " * len(c.group(0)), line)
 
 
+def paragraphs(text):
+    """(first line number, text) of each run of prose lines: a link's text may wrap."""
+    block, first, last = [], None, None
+    for n, line in prose_lines(text):
+        if line.strip() and last == n - 1 and block:
+            block.append(line)
+        else:
+            if block:
+                yield first, "\n".join(block)
+            block, first = ([line], n) if line.strip() else ([], None)
+        last = n
+    if block:
+        yield first, "\n".join(block)
+
+
 def anchors(path, cache={}):
     """The anchors of a page's headings; a repeated heading gets -1, -2, ... as on GitHub."""
     if path not in cache:
@@ -83,14 +98,15 @@ def raw_headings(path):
 def check_page(root, page):
     problems = []
     full = os.path.join(root, page)
-    for n, line in prose_lines(open(full, encoding="utf-8").read()):
+    for n, line in paragraphs(open(full, encoding="utf-8").read()):
         for m in LINK.finditer(line):
+            n_at = n + line.count("\n", 0, m.start())
             target = m.group(1)
             if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
                 continue
             path, _, frag = target.partition("#")
             dest = os.path.normpath(os.path.join(os.path.dirname(full), path)) if path else full
-            where = f"{page}:{n}"
+            where = f"{page}:{n_at}"
             if not os.path.exists(dest):
                 problems.append(f"{where}: link to {target}: {os.path.relpath(dest, root)} "
                                 "does not exist")

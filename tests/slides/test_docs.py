@@ -13,8 +13,8 @@ pages say. On a copy of the checkout it requires:
     README's table loses a row; `write` repairs each and keeps the hand-written part;
   * a TODO label without a [todos] line, or a [todos] line of no TODO, stops it with one line
     naming the exercise and the label (exit 2);
-  * doc_links fails, naming page and line, on a link to a missing file and on an anchor that no
-    heading has, and ignores the same link inside code.
+  * doc_links fails, naming page and line, on a link to a missing file (also one whose text
+    wraps to the next line) and on an anchor that no heading has, and ignores a link in code.
 
 usage: test_docs.py SOURCE_DIR WORK_DIR
 """
@@ -140,11 +140,14 @@ def main(src, work):
     # Links.
     old = edit(work, "exercises/README.md", "# For students: working on an exercise\n",
                "# For students: working on an exercise\n\nSee [the guide](no-such-guide.md), "
-               "[a section](../sbatch/README.md#no-such-section) and `[code](not-a-link.md)`.\n")
+               "[a section](../sbatch/README.md#no-such-section) and `[code](not-a-link.md)`; a link\n"
+               "[that\nwraps](no-such-page.md).\n")
     rc, out = run(work, "doc_links.py")
     expect(rc == 1 and "exercises/README.md:3: link to no-such-guide.md" in out
-           and "no-such-section" in out and "not-a-link" not in out,
-           f"doc_links names a missing file and a missing anchor, not code: {out.strip()}")
+           and "no-such-section" in out and "not-a-link" not in out
+           and "exercises/README.md:4: link to no-such-page.md" in out,
+           f"doc_links names a missing file, a missing anchor and a wrapped link's target, "
+           f"not code: {out.strip()}")
     restore(work, "exercises/README.md", old)
     return 1 if FAILED else 0
 
