@@ -1,0 +1,23 @@
+# expect_compile_error.cmake — a compile-fail test: `cmake -DBUILD_DIR=... -DGOOD=target
+# -DBAD=target -DEXPECT=regex -P expect_compile_error.cmake`. GOOD must build (so the compiler,
+# its flags and include paths work: a failure of BAD is then the code's, not the setup's), BAD
+# must fail with an error that matches EXPECT (so it fails for the reason the test is about).
+foreach(v BUILD_DIR GOOD BAD EXPECT)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "expect_compile_error.cmake: -D${v}=... is missing")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${GOOD} -j1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${GOOD} does not compile, so ${BAD}'s failure would prove nothing:\n${out}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${BAD} -j1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "${BAD} compiled, but it must not")
+endif()
+if(NOT out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "${BAD} failed, but not with an error matching '${EXPECT}':\n${out}")
+endif()
+message(STATUS "${BAD} is refused by the compiler, as expected")
