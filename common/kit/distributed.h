@@ -30,7 +30,7 @@ struct Setup {
   int world_size;       // number of ranks in the job
 
  private:
-  [[maybe_unused]] bool by_name_only_ = true;  // see above: no structured bindings
+  bool by_name_only_ __attribute__((unused)) = true;  // see above: no structured bindings
 };
 
 // Joins the job. Reads the rank environment (kit/env.h), makes the rank's GPU current

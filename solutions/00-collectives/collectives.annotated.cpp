@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   torch::Device device(torch::kCPU);
   //@ solution
   const kit::Setup me = kit::setup();  // fields by name: no positional unpacking
-  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const int rank = me.rank, world_size = me.world_size;
   const torch::Device device = me.device;
   //@ end
   //@ todo 3
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   //@ | print0: here each rank has something of its own to say).
   std::printf("running alone on %s\n", device.str().c_str());
   //@ solution
-  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
+  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, me.local_rank,
               device.str().c_str());
   //@ end
   // Rank 0 clears the barrier's marks of an earlier run. The collectives below keep the other

@@ -43,9 +43,9 @@ int main(int argc, char** argv) {
   });
 
   const kit::Setup me = kit::setup();  // fields by name: no positional unpacking
-  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const int rank = me.rank, world_size = me.world_size;
   const torch::Device device = me.device;
-  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
+  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, me.local_rank,
               device.str().c_str());
   // Rank 0 clears the barrier's marks of an earlier run. The collectives below keep the other
   // ranks from leaving theirs before this is done.

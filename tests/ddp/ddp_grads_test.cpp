@@ -492,7 +492,7 @@ class ZeroGradAndOptimizers : public ::testing::TestWithParam<ZeroCase> {};
 
 std::unique_ptr<torch::optim::Optimizer> optimizer_for(bool adamw, ThreeLayers& m) {
   if (adamw)
-    return std::make_unique<torch::optim::AdamW>(m->parameters(), torch::optim::AdamWOptions(0.01).eps(1e-3));
+    return std::make_unique<torch::optim::AdamW>(m->parameters(), torch::optim::AdamWOptions(0.01));
   return std::make_unique<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
