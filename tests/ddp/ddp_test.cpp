@@ -112,6 +112,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt which, const std::ve
   // gradient that is only rounding noise, summed in another order on N ranks than in one
   // process, into a full +-lr step; the model's one such gradient (the attention's key bias)
   // is held at zero by TransformerLM itself (kit/transformer_lm.h), so no larger eps is needed.
+  // Measured with it (2026-11-26, CPU, Gloo): worst relative difference from one process over
+  // 5 steps, loss 8.4e-8 and parameters 6.8e-7 (N4_no_overlap; N2_overlap 5.6e-8 / 6.8e-7 for
+  // loss / parameters): the 1e-5 of MatchesSingleProcessStepByStep leaves a factor 14.
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
 }
 
