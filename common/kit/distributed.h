@@ -12,13 +12,25 @@
 
 namespace kit {
 
-// What a rank needs to know about itself. Unpack it in one line:
-//   auto [local_rank, rank, device, world_size] = kit::setup(seed);
+// What a rank needs to know about itself. Read its fields by name:
+//   const kit::Setup me = kit::setup(seed);
+//   ... me.rank, me.local_rank, me.world_size, me.device ...
+// It cannot be unpacked by position: `auto [a, b, c, d] = kit::setup()` does not compile. Two of
+// the fields are ints next to each other (local_rank and rank), so a positional unpacking in the
+// wrong order would compile and run with the two swapped, silently while they agree (a job on one
+// node) and with the wrong GPU or data slice elsewhere. A class with a private data member cannot
+// be decomposed by structured bindings (C++17 [dcl.struct.bind]/4), hence by_name_only_.
+// (tests/unit: SetupCannotBeUnpackedByPosition compiles such a line and expects it to fail.)
 struct Setup {
+  Setup(int local_rank, int rank, torch::Device device, int world_size)
+      : local_rank(local_rank), rank(rank), device(device), world_size(world_size) {}
   int local_rank;       // index among the ranks on this node -> which GPU this rank drives
   int rank;             // index among all ranks of the job, 0..world_size-1
   torch::Device device; // cuda:local_rank on a GPU node, cpu otherwise
   int world_size;       // number of ranks in the job
+
+ private:
+  bool by_name_only_ __attribute__((unused)) = true;  // see above: no structured bindings
 };
 
 // Joins the job. Reads the rank environment (kit/env.h), makes the rank's GPU current

@@ -43,9 +43,10 @@ int main(int argc, char** argv) {
        [&](auto v) { n = kit::flag_int("--elements", v, 1, 1000000); }},
   });
 
-  // TODO 2: Join the job: replace the next two lines by one call to kit::setup(). It returns
-  //         local rank, rank, device and world size (unpack them in one line). At the end of
-  //         main() leave the job again (TODO 2 has a second place).
+  // TODO 2: Join the job: replace the next two lines by one call to kit::setup(). It returns a
+  //         kit::Setup whose fields local_rank, rank, device and world_size you read by name
+  //         (keep the names rank, world_size and device for the code below). At the end of main()
+  //         leave the job again (TODO 2 has a second place).
   int rank = 0, world_size = 1;  // alone: rank 0 of a world of 1
   torch::Device device(torch::kCPU);
   // TODO 3: Every rank says who it is: print rank, world size, local rank and device in the

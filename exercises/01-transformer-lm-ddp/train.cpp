@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   kit::TrainArgs args = kit::parse_args(argc, argv);
 
   // TODO 2-3: Replace the next three lines by one call to kit::setup(args.seed). It joins the other
-  //           ranks and tells this process who it is: local rank, rank, device and world size.
+  //           ranks and tells this process who it is: a kit::Setup with the fields local_rank, rank,
+  //           device and world_size, read by name (the code below uses rank, world_size and device).
   //           It also seeds each rank differently and selects the GPU that belongs to this rank.
   //           Keep a line that says which rank runs on which device: every rank should print it.
   torch::manual_seed(args.seed);

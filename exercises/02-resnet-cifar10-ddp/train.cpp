@@ -59,8 +59,8 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
 int main(int argc, char** argv) {
   kit::ImageTrainArgs args = kit::parse_image_args(argc, argv);
 
-  // TODO 2-3: Replace the next lines by one call to kit::setup(args.seed), unpacked into local_rank,
-  //           rank, device and world_size, and print which rank runs on which device.
+  // TODO 2-3: Replace the next lines by one call to kit::setup(args.seed); read its fields local_rank,
+  //           rank, device and world_size by name, and print which rank runs on which device.
   torch::manual_seed(args.seed);
   torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const int rank = 0, world_size = 1;  // one process

@@ -9,8 +9,11 @@
 //   --zero-stage 2  the gradients are reduce-scattered: each rank keeps only its shard of them;
 //   --zero-stage 3  even the weights stay sharded: each Transformer block is all-gathered just
 //                   for its forward and again for its backward, then freed.
-// --zero-stage 0 (the default) is DDP. The TODOs add one stage at a time; the losses must stay
-// DDP's and the bytes each rank holds must shrink as the formula says (`./kit check 03`).
+// --zero-stage 0 (the default) is DDP. The TODOs are ZeRO's decisions, one stage at a time: what
+// each stage shards, where its collectives go, what a unit is, what a checkpoint holds. The kit
+// does the work (kit/zero.h, kit/zero3.h), and the C++ wiring around the TODOs is given. The
+// losses must stay DDP's, and the bytes each rank holds, and its peak in a step, must shrink as
+// the formula says (`./kit check 03`).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,23 +29,30 @@
 #include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
 #include "kit/ddp.h"              // DistributedDataParallel: stage 0
 #include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+#include "kit/memory.h"           // the peak of live tensor bytes in a step (a counting allocator)
 #include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
 #include "kit/sharding.h"         // HeldBytes, bytes_of(): what a rank holds, by category
 #include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
 #include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
-// TODO 1: Include kit/zero.h (ZeroOptimizer: ZeRO-1 and 2), kit/zero3.h (FullyShardedModel: ZeRO-3)
-//         and kit/zero_checkpoint.h (sharded checkpoints). Their first comments say what each does.
+#include "kit/zero.h"             // ZeroOptimizer: AdamW's state, then the gradients, sharded
+#include "kit/zero3.h"            // FullyShardedModel: the weights sharded too
+#include "kit/zero_checkpoint.h"  // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
 // What training needs from a stage, whichever it is: the forward pass, zero_grad() and step(),
-// the bytes this rank holds, and saving or resuming a checkpoint.
+// the bytes this rank holds, and saving or resuming a checkpoint; and what the loop measures.
 struct Trainer {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void()> zero_grad, step;
   std::function<kit::HeldBytes()> held;
   std::function<void(kit::TrainState&)> save;
   std::function<kit::TrainState()> resume;
+  // The most bytes of live CPU tensors this rank had during a training step (from zero_grad() to
+  // the end of step()), over all steps: what the rank needs at its highest, which held() (what
+  // it keeps between steps) does not show. On a GPU it counts the host's tensors only (metrics'
+  // peak_mem_mib has the GPU's).
+  int64_t peak = 0;
 };
 
 // Exercise 01's loop, with the stage's forward and optimizer. Returns the mean training loss.
@@ -62,9 +72,11 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader, T
   for (kit::Batch batch : loader.from(first)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     trainer.zero_grad();
+    kit::memory::reset_peak();  // the step's peak, from what is live now (weights, state, batch)
     auto loss = kit::lm_loss(trainer.forward(input), target);
     loss.backward();
     trainer.step();
+    trainer.peak = std::max(trainer.peak, kit::memory::peak_live_bytes());
     total += loss.detach();
     state.epoch_loss_sum = total;
     ++state.step_in_epoch;
@@ -129,9 +141,9 @@ int64_t numel_of(const std::vector<torch::Tensor>& params) {
   return n;
 }
 
-// A stage whose TODO is not done yet: one line, and no training.
-[[noreturn]] void not_done(const char* todo, int stage) {
-  std::fprintf(stderr, "error: TODO %s: ZeRO-%d is not done yet\n", todo, stage);
+// A stage whose TODO is not done yet (it made nothing to train with): one line, and no training.
+[[noreturn]] void not_done(int stage) {
+  std::fprintf(stderr, "error: TODO %d: ZeRO-%d is not done yet\n", stage + 1, stage);
   std::exit(2);
 }
 
@@ -142,15 +154,11 @@ int main(int argc, char** argv) {
                                                    "0: DDP; 1, 2, 3: the ZeRO stage (default 0)"),
                     0, 3));
   kit::TrainArgs args = kit::parse_args(argc, argv);
-  // Stages whose TODO is missing stop here, before anything else: their TODO is named.
-  // TODO 3: ZeRO-1. Remove this line; then, below, give --zero-stage 1 a ZeroOptimizer.
-  if (zero_stage == 1) not_done("3", 1);
-  // TODO 4: ZeRO-2. Remove this line; then, below, give --zero-stage 2 its ZeroOptimizer.
-  if (zero_stage == 2) not_done("4", 2);
-  // TODO 5: ZeRO-3. Remove this line; then, below, give --zero-stage 3 a FullyShardedModel.
-  if (zero_stage == 3) not_done("5", 3);
-
-  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  // Count every tensor from here on (the model's too), for the peak of each step (kit/memory.h).
+  kit::memory::install();
+  const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
+  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
               device.str().c_str());
 
@@ -180,44 +188,74 @@ int main(int argc, char** argv) {
       args.out_dir,
       kit::config_fingerprint(args, corpus.vocab.size()) + " zero-stage " + std::to_string(zero_stage),
       args.keep_checkpoints);
-  // Every stage fills the same Trainer, and what it wraps lives for the whole training.
-  Trainer trainer;
+  // What each stage trains with: DDP and torch's AdamW (stage 0), a ZeroOptimizer (stages 1 and
+  // 2) or a FullyShardedModel (stage 3). They live for the whole training; the TODOs decide which
+  // a ZeRO stage makes, and how, and the wiring after them calls whichever holds a value.
   std::optional<kit::DistributedDataParallel> ddp;
   std::optional<torch::optim::AdamW> optimizer;
+  std::optional<kit::ZeroOptimizer> zero;
+  std::optional<kit::FullyShardedModel> sharded;
+  Trainer trainer;
   trainer.forward = [&](const torch::Tensor& x) { return model->forward(x); };
   if (zero_stage == 0) {  // DDP, exercise 01's way
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
+  }
+  // TODO 2: ZeRO-1 shards what only the update reads: AdamW's two moments (8 of the 16 bytes a
+  //         parameter). Each rank updates only its shard of the weights, so it needs only its shard of
+  //         the averaged gradient (which collective replaces DDP's all-reduce?) and then the others'
+  //         new shards (which collective?). kit::ZeroOptimizer does both in step(), in place of DDP
+  //         and AdamW: for --zero-stage 1 make `zero` with the stage that shards the optimizer state,
+  //         `adamw` and .max_grad_norm = args.clip_grad.
+  // TODO 3: ZeRO-2: where in the step does that reduce-scatter go? In ZeRO-1's step(), so every rank
+  //         holds all its gradients until then. Done during backward, as they come, it leaves each
+  //         rank only its averaged shard: the gradients are sharded too. For --zero-stage 2 make
+  //         `zero` with the stage that does that (options as in TODO 2).
+  // TODO 4: ZeRO-3 shards the weights too. A unit's full weights are all-gathered just before its
+  //         forward (and again for its backward), then freed: what is a unit? The model's units()
+  //         (the embedding, each Transformer block, the output layer), so that one of them at a time
+  //         is whole, never the model. For --zero-stage 3 make `sharded` from them (stage 3, options
+  //         as in TODO 2) and send trainer.forward through it: the model's own weights are empty.
+  // The wiring: the Trainer calls whatever this stage made.
+  if (ddp) {
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
     trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
       if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
       optimizer->step();
     };
     trainer.held = [&] { return ddp_held(model, *optimizer); };
-    trainer.save = [&](kit::TrainState& s) { checkpoints.save(model, *optimizer, s); };
-    trainer.resume = [&, device = device] {  // (C++17 lambdas cannot capture a structured binding)
-      return checkpoints.resume(model, *optimizer, device, args.resume);
-    };
+  } else if (zero) {
+    trainer.zero_grad = [&] { zero->zero_grad(); };
+    trainer.step = [&] { zero->step(); };
+    trainer.held = [&] { return zero->held(); };
+  } else if (sharded) {
+    trainer.zero_grad = [&] { sharded->zero_grad(); };
+    trainer.step = [&] { sharded->step(); };
+    trainer.held = [&] { return sharded->held(); };
+  } else {
+    not_done(zero_stage);
   }
-  // TODO 3: ZeRO-1: for --zero-stage 1, one kit::ZeroOptimizer (stage 1, `adamw`, and max_grad_norm
-  //         args.clip_grad: --clip-grad, clipped on the averaged gradient) replaces both DDP and
-  //         torch's AdamW: it broadcasts rank 0's weights and averages the gradients itself (the
-  //         kit refuses DDP and ZeRO on one model). Its zero_grad(), step() and held() fill the
-  //         Trainer; the forward stays model->forward.
-  // TODO 4: ZeRO-2: the gradients are reduce-scattered, and each rank keeps only its averaged shard
-  //         of them. The same ZeroOptimizer does it with stage 2. Compare the two stages' byte lines.
-  // TODO 5: ZeRO-3: wrap the model in a kit::FullyShardedModel (stage 3, `adamw`, args.clip_grad).
-  //         It keeps only this rank's shard of every unit's weights, so model->forward no longer
-  //         works: the Trainer's forward must go through the wrapper (training and evaluation alike).
-  // TODO 6: Sharded checkpoints: under ZeRO no rank holds the whole model and optimizer, so each rank
-  //         saves its own shard. Fill trainer.save with checkpoints.save_sharded() and trainer.resume
-  //         with checkpoints.resume_sharded(), each given a function of the folder that calls
-  //         kit::save_zero_checkpoint or kit::load_zero_checkpoint on the ZeroOptimizer or the
-  //         FullyShardedModel. Until then ZeRO runs neither save nor resume.
-  if (zero_stage > 0) {
-    trainer.save = [](kit::TrainState&) {};
-    trainer.resume = [] { return kit::TrainState(); };
-  }
+  // A ZeRO rank's shard of the training state, written to or read from a checkpoint's folder.
+  kit::Checkpoints::ShardIO save_shard = [&](const std::string& dir) {
+    if (zero) kit::save_zero_checkpoint(dir, *zero);
+    else kit::save_zero_checkpoint(dir, *sharded);
+  };
+  kit::Checkpoints::ShardIO load_shard = [&](const std::string& dir) {
+    if (zero) kit::load_zero_checkpoint(dir, *zero);
+    else kit::load_zero_checkpoint(dir, *sharded);
+  };
+  trainer.save = [&](kit::TrainState& s) {
+    if (ddp) return checkpoints.save(model, *optimizer, s);  // rank 0 writes the whole model
+    // TODO 5: Checkpoints: under DDP rank 0 has everything and writes it alone. Under ZeRO nobody
+    //         has: every rank writes its own shard (checkpoints.save_sharded with save_shard) and, in
+    //         trainer.resume below, reads it back (resume_sharded with load_shard). Until then ZeRO
+    //         saves nothing.
+  };
+  trainer.resume = [&] {
+    if (ddp) return checkpoints.resume(model, *optimizer, device, args.resume);
+    // TODO 5: (second place) each rank reads its own shard back: resume_sharded with load_shard.
+    return kit::TrainState();
+  };
 
   kit::TrainState state = trainer.resume();
   kit::Metrics metrics(args.out_dir, args.batch_size, device, state.global_step);
@@ -251,12 +289,14 @@ int main(int argc, char** argv) {
   }
   const kit::HeldBytes held = trainer.held();
   const std::string name = zero_stage == 0 ? "DDP" : "ZeRO-" + std::to_string(zero_stage);
-  // TODO 2: What does this rank hold? Under ZeRO every rank holds a different share, so rank 0's line
-  //         says nothing of the others: print it on EVERY rank, with std::printf and the rank first,
-  //         "rank R: " then the rest of this line unchanged (`kit check 03` reads it).
-  kit::print0("%s holds params %lld grads %lld optimizer %lld gathered %lld bytes\n", name.c_str(),
-              static_cast<long long>(held.params), static_cast<long long>(held.grads),
-              static_cast<long long>(held.optimizer), static_cast<long long>(held.gathered_peak));
+  // TODO 1: What does this rank hold, and what did it need at its peak? Under ZeRO every rank holds a
+  //         different share, so rank 0's line says nothing of the others: print it on EVERY rank,
+  //         with std::printf and the rank first, "rank R: " then the rest of this line unchanged
+  //         (`kit check 03` reads it).
+  kit::print0("%s holds params %lld grads %lld optimizer %lld gathered %lld bytes, peak %lld\n",
+              name.c_str(), static_cast<long long>(held.params),
+              static_cast<long long>(held.grads), static_cast<long long>(held.optimizer),
+              static_cast<long long>(held.gathered_peak), static_cast<long long>(trainer.peak));
   kit::destroy_process_group();
   return 0;
 }

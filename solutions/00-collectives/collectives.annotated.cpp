@@ -48,13 +48,16 @@ int main(int argc, char** argv) {
   });
 
   //@ todo 2
-  //@ | Join the job: replace the next two lines by one call to kit::setup(). It returns
-  //@ | local rank, rank, device and world size (unpack them in one line). At the end of
-  //@ | main() leave the job again (TODO 2 has a second place).
+  //@ | Join the job: replace the next two lines by one call to kit::setup(). It returns a
+  //@ | kit::Setup whose fields local_rank, rank, device and world_size you read by name
+  //@ | (keep the names rank, world_size and device for the code below). At the end of main()
+  //@ | leave the job again (TODO 2 has a second place).
   int rank = 0, world_size = 1;  // alone: rank 0 of a world of 1
   torch::Device device(torch::kCPU);
   //@ solution
-  auto [local_rank, rank, device, world_size] = kit::setup();
+  const kit::Setup me = kit::setup();  // fields by name: no positional unpacking
+  const int rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   //@ end
   //@ todo 3
   //@ | Every rank says who it is: print rank, world size, local rank and device in the
@@ -62,7 +65,7 @@ int main(int argc, char** argv) {
   //@ | print0: here each rank has something of its own to say).
   std::printf("running alone on %s\n", device.str().c_str());
   //@ solution
-  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
+  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, me.local_rank,
               device.str().c_str());
   //@ end
   // Rank 0 clears the barrier's marks of an earlier run. The collectives below keep the other

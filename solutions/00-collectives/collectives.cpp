@@ -42,8 +42,10 @@ int main(int argc, char** argv) {
        [&](auto v) { n = kit::flag_int("--elements", v, 1, 1000000); }},
   });
 
-  auto [local_rank, rank, device, world_size] = kit::setup();
-  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
+  const kit::Setup me = kit::setup();  // fields by name: no positional unpacking
+  const int rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
+  std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, me.local_rank,
               device.str().c_str());
   // Rank 0 clears the barrier's marks of an earlier run. The collectives below keep the other
   // ranks from leaving theirs before this is done.

@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
 
   //@ todo 2-3
   //@ | Replace the next three lines by one call to kit::setup(args.seed). It joins the other
-  //@ | ranks and tells this process who it is: local rank, rank, device and world size.
+  //@ | ranks and tells this process who it is: a kit::Setup with the fields local_rank, rank,
+  //@ | device and world_size, read by name (the code below uses rank, world_size and device).
   //@ | It also seeds each rank differently and selects the GPU that belongs to this rank.
   //@ | Keep a line that says which rank runs on which device: every rank should print it.
   torch::manual_seed(args.seed);
@@ -114,7 +115,9 @@ int main(int argc, char** argv) {
   std::printf("training on %s\n", device.str().c_str());
   //@ solution
   // Join the job. Who we are comes from the launcher (ddprun, or srun on a cluster).
-  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
+  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
               device.str().c_str());
   //@ end

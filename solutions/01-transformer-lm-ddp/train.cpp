@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
   kit::TrainArgs args = kit::parse_args(argc, argv);
 
   // Join the job. Who we are comes from the launcher (ddprun, or srun on a cluster).
-  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
+  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
               device.str().c_str());
 

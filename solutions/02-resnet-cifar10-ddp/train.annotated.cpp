@@ -69,14 +69,16 @@ int main(int argc, char** argv) {
   kit::ImageTrainArgs args = kit::parse_image_args(argc, argv);
 
   //@ todo 2-3
-  //@ | Replace the next lines by one call to kit::setup(args.seed), unpacked into local_rank,
-  //@ | rank, device and world_size, and print which rank runs on which device.
+  //@ | Replace the next lines by one call to kit::setup(args.seed); read its fields local_rank,
+  //@ | rank, device and world_size by name, and print which rank runs on which device.
   torch::manual_seed(args.seed);
   torch::Device device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const int rank = 0, world_size = 1;  // one process
   std::printf("training on %s\n", device.str().c_str());
   //@ solution
-  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
+  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
               device.str().c_str());
   //@ end

@@ -57,7 +57,9 @@ std::pair<torch::Tensor, torch::Tensor> evaluate(kit::ResNet& model, const Loade
 int main(int argc, char** argv) {
   kit::ImageTrainArgs args = kit::parse_image_args(argc, argv);
 
-  auto [local_rank, rank, device, world_size] = kit::setup(args.seed);
+  const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
+  const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   std::printf("rank %d of %d: local rank %d, device %s\n", rank, world_size, local_rank,
               device.str().c_str());
   const int64_t batch = args.batch_per_rank(world_size);  // --global-batch is split over ranks

@@ -192,7 +192,9 @@ int main(int argc, char** argv) {
   // The CPU where GPUs are visible: hide them before CUDA starts, so that setup() chooses the CPU
   // and Gloo as on a machine without any (and does not refuse more ranks than GPUs).
   if (args.device == "cpu") ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  auto [local_rank, rank, device, world_size] = kit::setup(train.seed);
+  const kit::Setup me = kit::setup(train.seed);  // by name: kit::Setup cannot be unpacked
+  const int rank = me.rank, world_size = me.world_size;
+  const torch::Device device = me.device;
   if (args.threads > 0) torch::set_num_threads(args.threads);
   // GPU work is queued: wait for it before reading the clock.
   auto sync = [on = device] {

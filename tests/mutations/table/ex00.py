@@ -2,7 +2,7 @@
 format and the kinds). Few and quick: each costs a check of a program that runs in a second."""
 EXERCISE = "00-collectives"
 
-WHOAMI = 'std::printf("rank %d of %d: local rank %d, device %s\\n", rank, world_size, local_rank,'
+WHOAMI = 'std::printf("rank %d of %d: local rank %d, device %s\\n", rank, world_size, me.local_rank,'
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
     ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
@@ -15,7 +15,7 @@ MUTANTS = [
      [(WHOAMI, WHOAMI.replace("std::printf", "kit::print0"))], []),
     ("whoami-rank-as-local-rank", "run", "3", "the rank printed where the local rank belongs "
      "(equal on one node, not with one rank per node)",
-     [("rank, world_size, local_rank,", "rank, world_size, rank,")], []),
+     [("rank, world_size, me.local_rank,", "rank, world_size, rank,")], []),
     ("broadcast-rank0-only", "run", "4", "the broadcast inside `if (rank == 0)`: the other ranks "
      "never join it, and the run hangs until the collective timeout",
      [("  kit::broadcast(shared, /*root=*/0);", "  if (rank == 0) kit::broadcast(shared, /*root=*/0);")],

@@ -13,9 +13,8 @@ MUTANTS = [
        'destroy_process_group()\n', "")], []),
     ("cuda-rank", "run", "2-3", "the device numbered by the global rank (cuda:rank, on this "
      "CPU-only machine cpu:rank) instead of setup()'s cuda:local_rank",
-     [("auto [local_rank, rank, device, world_size] = kit::setup(args.seed);",
-       "auto [local_rank, rank, setup_device, world_size] = kit::setup(args.seed);\n"
-       "  torch::Device device(setup_device.type(), rank);")], []),
+     [("const torch::Device device = me.device;",
+       "const torch::Device device(me.device.type(), rank);")], []),
     ("per-rank-seed", "run", "4", "the training sampler seeded with args.seed + rank",
      [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
        "train_sampler(train_data, /*shuffle=*/true, args.seed + rank);")], []),
