@@ -2,7 +2,8 @@
 """mutate_kit.py -- mutation testing of the kit's library: do the tests catch realistic bugs?
 
     cmake --build build --target mutate-kit        every bug below, then the score
-    mutate_kit.py --root . --work build/mutate-kit [--only NAME ...] [--repeat N] [--list]
+    mutate_kit.py --root . --work build/mutate-kit [--only NAME ...] [--targets T ...] [--repeat N]
+                  [--list]
 
 Each bug is a small edit of common/ (a line dropped, a wrong argument, a condition that is always
 true), written as "replace this exact text by that". For each one, in a private copy of the
@@ -194,6 +195,9 @@ def main():
     ap.add_argument("--cxx", default="", help="the C++ compiler (default: CMake's choice)")
     ap.add_argument("--jobs", default=str(os.cpu_count() or 2))
     ap.add_argument("--only", nargs="*", default=[], help="names of the bugs to try")
+    ap.add_argument("--targets", nargs="*", default=[],
+                    help="build only these targets (those of the tests that --only's bugs run): "
+                         "minutes instead of the whole kit; default: everything")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each bug's tests this many times; caught only if they fail every time")
     ap.add_argument("--list", action="store_true", help="list the bugs and stop")
@@ -214,6 +218,9 @@ def main():
             print(f"{name:28} {path:32} {','.join(labels):22} {what}")
         return 0 if args.list else 2
 
+    if args.targets and any(b[0] not in CAUGHT_BY for b in bugs):
+        sys.exit("mutate_kit.py: --targets only with bugs that name their test (CAUGHT_BY): the "
+                 "other tests of their labels would fail for want of a binary, not for the bug")
     src, build = os.path.join(args.work, "src"), os.path.join(args.work, "build")
     log = os.path.join(args.work, "mutate-kit.log")
     shutil.rmtree(src, ignore_errors=True)
@@ -231,8 +238,20 @@ def main():
     configure += [f"-DCMAKE_CXX_COMPILER={args.cxx}"] if args.cxx else []
     print(f"mutate-kit: {len(bugs)} bugs; building the unmodified kit in {build} (log: {log})",
           flush=True)
-    if run(configure, log) or run(["cmake", "--build", build, "-j", args.jobs], log):
+    make = ["cmake", "--build", build, "-j", args.jobs] + (["--target"] + args.targets if args.targets else [])
+    if run(configure, log) or run(make, log):
         sys.exit(f"mutate_kit.py: the unmodified kit does not build (log: {log})")
+
+    # The named tests must pass on the unmodified kit: one that always fails catches nothing.
+    named = [CAUGHT_BY[b[0]] for b in bugs if b[0] in CAUGHT_BY]
+    if named:
+        out = subprocess.run(["ctest", "--test-dir", build, "-R", "|".join(named), "--timeout",
+                              "600", "--no-tests=error"], capture_output=True, text=True)
+        with open(log, "a") as f:
+            f.write(out.stdout + out.stderr)
+        if out.returncode != 0:
+            sys.exit(f"mutate_kit.py: the tests named in CAUGHT_BY fail on the unmodified kit "
+                     f"(log: {log})")
 
     results = []
     for name, path, old, new, labels, what in bugs:
@@ -242,7 +261,7 @@ def main():
         try:
             with open(file, "w") as f:
                 f.write(original.replace(old, new, 1))
-            if run(["cmake", "--build", build, "-j", args.jobs], log):
+            if run(make, log):
                 sys.exit(f"mutate_kit.py: bug {name} does not compile (log: {log}): fix the table")
             regex = "^(" + "|".join(re.escape(label) for label in labels) + ")$"
             ctest = ["ctest", "--test-dir", build, "-L", regex, "--stop-on-failure", "--timeout",
@@ -273,7 +292,7 @@ def main():
         results.append((name, caught, by, time.time() - start, what))
         print(f"  {'caught  ' if caught else 'SURVIVED'} {name:28} {by or '-':60} "
               f"{time.time() - start:5.0f} s", flush=True)
-    run(["cmake", "--build", build, "-j", args.jobs], log)  # leave the copy unmodified, built
+    run(make, log)  # leave the copy unmodified, built
 
     caught = sum(1 for r in results if r[1])
     print(f"\nmutate-kit: {caught} of {len(results)} bugs caught")
