@@ -61,6 +61,11 @@ class Cifar10Dataset {
   // horizontal flip half of the time. The choices for image i depend only on (seed, epoch, i),
   // never on the rank, the number of ranks or the loader's workers: an N-rank run and a
   // one-process run see exactly the same images. Off until set_augment() is called.
+  // The draw: r = m(m(m(seed) ^ epoch) ^ i), m = splitmix64; the image moves by dy = r mod 9 - 4
+  // rows and dx = (r / 9) mod 9 - 4 columns, and is flipped when bit 32 of r is set. Unlike
+  // torchvision's RandomCrop(32, padding=4) before Normalize, whose border is black, the border
+  // here is zero after normalising: the mean colour (no dark frame to learn). Checked against a
+  // reference by tests/oracle/oracle_kit.py.
   void set_augment(uint64_t seed);
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   bool augmenting() const { return augment_; }

@@ -44,6 +44,11 @@ class DistributedSampler {
   // This rank's sample indices for the current epoch. The list is padded (by repeating its
   // start) to a multiple of the number of ranks, so every rank does the same number of steps;
   // rank r takes every num_replicas-th index starting at r. (DistributedEvalSampler: no padding.)
+  // Padding and cut are PyTorch's DistributedSampler's; the shuffle is not: PyTorch draws
+  // torch.randperm from a generator seeded with seed + epoch, the kit runs Fisher-Yates (i from
+  // n-1 down to 1, j = e() mod (i + 1), swap i and j) with e = std::mt19937_64(seed + epoch), an
+  // engine the C++ standard defines bit for bit, so that every rank, compiler and LibTorch
+  // version cuts the same list. tests/oracle/oracle_kit.py checks both against references.
   std::vector<size_t> indices() const;
   size_t size() const {
     const size_t r = static_cast<size_t>(replicas_);

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include <torch/types.h>
@@ -32,11 +33,15 @@ std::string device_model(torch::Device device);
 
 class Metrics {
  public:
+  // Where the times come from: steady_clock::now unless a test hands in a clock of its own, so
+  // that the rates it computes can be checked against numbers worked out by hand.
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+
   // device: the one this rank trains on (setup()'s). first_step > 0: a resumed run; rows are
   // appended after the ones already in the file. progress_every_s: the seconds between two
   // progress lines; KIT_PROGRESS_S in the environment overrides it (0: a line after every step).
   Metrics(const std::string& out_dir, int64_t batch_size, torch::Device device,
-          int64_t first_step = 0, double progress_every_s = 10.0);
+          int64_t first_step = 0, double progress_every_s = 10.0, Clock clock = nullptr);
   ~Metrics();
   // step_in_epoch (1-based, counting the steps of this epoch done so far, also before a resume)
   // and steps_per_epoch: when both are given, the progress line says how far into the epoch the
@@ -51,6 +56,7 @@ class Metrics {
   int64_t batch_size_, steps_ = 0, steps_at_last_line_ = 0;
   torch::Device device_;
   double every_s_;
+  Clock clock_;
   std::chrono::steady_clock::time_point start_, last_step_, last_line_;
   // This epoch, on this rank: its steps so far and the time of its first and last one.
   int64_t epoch_steps_ = 0;

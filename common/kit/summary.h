@@ -16,7 +16,9 @@ namespace kit {
 // where the device has finished it (after reading the step's loss).
 class StepTimer {
  public:
-  void lap();
+  void lap() { lap(std::chrono::steady_clock::now()); }
+  // The same at a given time: the tests drive the timer with a clock of their own.
+  void lap(std::chrono::steady_clock::time_point now);
   // The median step, leaving out the first `skip` (allocations, DDP's bucket rebuild, caches);
   // all of them when there are no more; 0 before two laps.
   double median_seconds(size_t skip = 3) const;

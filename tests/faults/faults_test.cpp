@@ -699,6 +699,72 @@ TEST(Checkpoints, TrainersReadNoTestVariables) {
   }
 }
 
+// Durability, as the preloaded log of fsync() and rename() calls shows it (KIT_TEST_FS_LOG,
+// common/testing/fs_calls_env.cpp): everything renamed under the run's folder (each file of a
+// checkpoint, the checkpoint's folder, the final model) was flushed after the last rename into it
+// and before its own rename, and the folder that receives the new name is flushed after it.
+// Otherwise a power cut can leave a complete-looking name over missing bytes, or lose the name.
+TEST(Checkpoints, SyncsFilesAndFoldersAroundTheRename) {
+  TempDir tmp;
+  const fs::path out = tmp.path / "run", log = tmp.path / "fs.log";
+  Result r = run(job(2, out, {"--epochs", "2", "--max-steps", "2"}), tmp.path, "fslog",
+                 {{"KIT_TEST_FS_LOG", log.string()}});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  auto path = [](const std::string& p) { return fs::weakly_canonical(p).string(); };
+  const std::string root = path(out.string()) + "/";
+  std::vector<std::pair<std::string, std::string>> calls;  // (fsync, path) or (from, to)
+  for (const std::string& line : nonempty_lines(read_file(log))) {
+    std::istringstream in(line);
+    std::string kind, a, b;
+    in >> kind >> a >> b;
+    if (kind == "fsync") calls.push_back({"", path(a)});
+    else if (kind == "rename") calls.push_back({path(a), path(b)});
+  }
+  auto parent = [](const std::string& p) { return fs::path(p).parent_path().string(); };
+  size_t checked = 0, folders = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto& [from, to] = calls[i];
+    if (from.empty() || to.rfind(root, 0) != 0) continue;
+    ++checked;
+    folders += parent(to) == path((out / "checkpoints").string());
+    size_t last_in = 0;  // after the last rename into `from` (a folder), if any
+    for (size_t j = 0; j < i; ++j)
+      if (!calls[j].first.empty() && parent(calls[j].second) == from) last_in = j;
+    bool synced_before = false, folder_after = false;
+    for (size_t j = last_in; j < i; ++j) synced_before |= calls[j].first.empty() && calls[j].second == from;
+    for (size_t j = i + 1; j < calls.size(); ++j) folder_after |= calls[j].first.empty() && calls[j].second == parent(to);
+    EXPECT_TRUE(synced_before) << "renamed without an fsync of its own before: " << from << " -> " << to;
+    EXPECT_TRUE(folder_after) << "its folder not flushed after the rename: " << from << " -> " << to;
+  }
+  // Two checkpoints (state.pt, MANIFEST, two ranks' rng files, the folder), model-final.pt, and
+  // model-best.pt as often as the validation loss improved.
+  EXPECT_GE(checked, 11u) << read_file(log);
+  EXPECT_EQ(folders, 2u) << read_file(log);
+}
+
+// A node failure after a checkpoint is written, before its folder gets its name
+// (KIT_TEST_KILL_AT_RENAME: rank 0 dies at the rename of step 4's folder): the previous
+// checkpoint loads, and the resumed run trains exactly as the uninterrupted one.
+TEST(Checkpoints, CrashBeforeTheRenameKeepsThePreviousCheckpoint) {
+  const std::vector<std::string> args = {"--epochs", "3", "--max-steps", "2"};
+  const Reference& ref = reference(args);
+  ASSERT_EQ(ref.result.exit_code, 0) << ref.result;
+  TempDir tmp;
+  const fs::path out = tmp.path / "run";
+  Result r = run(job(2, out, args), tmp.path, "dies", {{"KIT_TEST_KILL_AT_RENAME", step_dir(4)}}, 60);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r;
+  auto c = checkpoints(out);
+  ASSERT_EQ(c.complete, std::vector<long>{2}) << r;
+  ASSERT_EQ(c.leftovers, std::vector<std::string>{step_dir(4) + ".tmp"});
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / c.leftovers[0] / "MANIFEST")) << "written, not renamed";
+  Result again = run(job(2, out, args), tmp.path, "resumed");
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_NE(again.out.find("resuming from " + (out / "checkpoints" / step_dir(2)).string()),
+            std::string::npos) << again;
+  EXPECT_TRUE(every_step_once(out, 6));
+  expect_same_training(ref.out, out);
+}
+
 INSTANTIATE_TEST_SUITE_P(Checkpoints, RankZeroChooses, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(kTrainerCases[i.param].name);
