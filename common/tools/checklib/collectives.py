@@ -84,7 +84,7 @@ def norm(line):
     return re.sub(r"\s+", " ", re.sub(r"//.*$", "", line)).strip()
 
 
-def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
+def judge(v, run, ranks, reference, source, todos, labels_by_file=None, exercise=None):
     """Adds a ✘ row for the TODO of the first divergence (if any); returns the line to print
     before the TODO rows, or None. todos: a function giving the exercise's TODO blocks (asked
     only when there is a divergence to place). labels_by_file: kit files whose collectives belong to a
@@ -96,7 +96,13 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
     file, _, line = site.partition(":")
     todo = None
     if source and file == os.path.basename(source) and line.isdigit():
-        todo = todo_of_line(source, int(line), todos())
+        # The line's place in the annotated source first (a TODO's line the student rewrote is
+        # still that TODO's), then its text.
+        if exercise:
+            from .stops import todo_of_line as placed
+            todo = placed(exercise, source, int(line))
+        if not todo:
+            todo = todo_of_line(source, int(line), todos())
         where = f"TODO {todo}" if todo else "a line outside the TODOs"
     else:
         concept = (labels_by_file or {}).get(file)
@@ -104,6 +110,6 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
         where = f"TODO {todo}" if todo else f"the kit's {file}"
     what = "every rank calls every collective in the same order"
     why = f"the ranks parted at collective #{position}: {text}"
-    if todo:  # first among the rows: what follows in the run is a consequence of it
-        v.rows.insert(0, (todo, False, what, why))
+    if todo:  # first among its TODO's rows: what follows in the run is a consequence of it
+        v.add(todo, False, what, why, first=True)
     return f"{why} ({where}): {RULE}"

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
-from . import collectives
+from . import collectives, stops
 from .build_errors import explain_build, not_judged_note, stages_json
 from .runs import Locked, Run, read
 from .verdicts import CROSS, Verdicts, record
@@ -126,39 +126,66 @@ def main(argv, doc):
     else:
         data = rules.prepare_data(check, workdir)
     check.data = data  # for rules that launch runs of their own (rules/ex03.py)
+    v = check.verdicts
+    labels_by_file = getattr(rules, "COLLECTIVE_FILES", {})
+    explain = lambda run: stops.explain(run, a.source, a.exercise, labels_by_file, v)  # noqa: E731
     check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
-    # Work after destroy_process_group() fails even alone; the judges name its TODO.
+    # Work after destroy_process_group() fails even alone; the judges name its TODO. Any other
+    # failure alone is placed in its TODO; the run on several ranks is still judged as far as it
+    # got (a root rank that exists on 2 ranks but not alone fails here only).
+    alone_stop = None
     if check.alone.failure() and not check.alone.events(0, "after_destroy"):
-        print(f"  {CROSS} the program does not run on its own: {check.alone.failure()}")
-        return 1
+        alone_stop = explain(check.alone)
+        print(f"  {CROSS} the program does not run on its own: {alone_stop.how}"
+              + (f" ({alone_stop.where})" if alone_stop.where else ""))
     check.many = check.launch(a.binary, f"ranks{ranks}", ranks, "node", data, rules.RUN_FLAGS)
-    if check.many.failure():
-        print(f"  {CROSS} the program fails on {ranks} ranks: {check.many.failure()}")
+    many_stop = explain(check.many) if check.many.failure() else None
+    if many_stop:
+        print(f"  {CROSS} the program fails on {ranks} ranks: {many_stop.how}"
+              + (f" ({many_stop.where})" if many_stop.where else ""))
     if check.reference is None:
         check.reference = reference_run(check, workdir, data)
     if check.reference.failure():
         print(f"  {CROSS} the solution itself fails: {check.reference.failure()}")
+        return 1
+    if alone_stop and not many_stop:
+        v.add(alone_stop.todo or "run", False, "the program also runs alone (a world of 1)",
+              alone_stop.how + (f" ({alone_stop.where})" if alone_stop.where else ""))
+    elif alone_stop and not check.many.events(0, "setup") and not many_stop.todo:
+        print(f"  {CROSS} nothing more can be judged: the program stops before setup()")
         return 1
     joined = all(check.many.events(r, "setup") for r in range(ranks))
     if joined and check.many.finished() and getattr(rules, "NODES_FLAGS", None) is not None:
         check.nodes = check.launch(a.binary, f"nodes{ranks}", ranks, "nodes", data,
                                    rules.NODES_FLAGS)
 
-    v = check.verdicts
     rules.judge(check)
     # A collective that not every rank called: named first, with its TODO and the rule, since
     # everything after it in the run is a consequence.
     parted = collectives.judge(v, check.many, ranks, check.reference, a.source,
                                lambda: stages_json("todos", a.exercise, "--json") or [],
-                               getattr(rules, "COLLECTIVE_FILES", {}))
+                               labels_by_file, a.exercise)
     if parted:
         print(f"  {CROSS} {parted}")
+    elif many_stop and many_stop.todo and not any(
+            check.many.events(r, "after_destroy") for r in range(ranks)):
+        # (A kit call after destroy_process_group() is the destroy TODO's mistake, wherever the
+        # refused call is: the judges name that TODO.)
+        # The run stopped at a line of a TODO: that TODO is where the run breaks, whatever the
+        # rows judged from the part before it say.
+        v.add(many_stop.todo, False, f"the run on {ranks} ranks gets to its end",
+              f"{many_stop.how} ({many_stop.where})", first=True)
     v.print()
     note = not_judged_note(a.exercise)
     if note:
         print(note)
+    first = v.first_to_fix()
+    if first:  # the earliest TODO that failed on its own evidence, not a symptom of it
+        print(f"fix first: TODO {first}")
     print(f"passed: {','.join(v.passed()) or '-'}")
     print(f"failed: {','.join(v.failed()) or '-'}")
+    if v.not_reached():
+        print(f"not reached: {','.join(v.not_reached())}")
     if not v.failed():
         print(solution_note(a.exercise))
     if a.record:

@@ -134,7 +134,9 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
         what = f"each rank reads its own part of the {name} split"
         uses[split] = False
         if not union:
-            rows.append((todo, False, what, f"no {name} batches were read"))
+            rows.append((todo, None if not run.finished() else False, what,
+                         "the run stopped before it" if not run.finished()
+                         else f"no {name} batches were read"))
             continue
         if ranks > 1 and len(shared) == len(union):
             rows.append((todo, False, what, f"all {ranks} ranks read all {len(union)} {name} "
@@ -180,8 +182,11 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
               f"{len(splits)} ({', '.join(split for _, split, _ in splits)})")
     else:
         v.add("sampler", not sampler_problems, what4, "; ".join(sampler_problems))
-    for row in rows:
-        v.add(*row)
+    for todo, ok, what, why in rows:
+        if ok is None:
+            v.unreached(todo, what, why)
+        else:
+            v.add(todo, ok, what, why)
     return uses, sizes, train_shuffles
 
 
@@ -190,7 +195,10 @@ def check_ddp(v, run, ranks):
     fps = [{kv(f)["step"]: kv(f)["params"] for f in run.events(r, "forward")} for r in range(ranks)]
     steps = sorted(set.intersection(*(set(f) for f in fps)), key=int) if fps else []
     if not steps:
-        v.add("ddp", False, what, "no training step was traced")
+        if not run.finished():
+            v.unreached("ddp", what, "the run stopped before the first training step")
+        else:
+            v.add("ddp", False, what, "no training step was traced")
         return
     differ = [s for s in steps if len({f[s] for f in fps}) > 1]
     reduced = all(run.events(r, "ddp_step") for r in range(ranks))
@@ -254,7 +262,7 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
         return
     passes = max((epochs_of(run, r, "train") for r in range(ranks)), key=len)
     if len(passes) < 2:
-        v.add("set_epoch", False, what, "the run stopped before epoch 2 (see above)")
+        v.unreached("set_epoch", what, "the run stopped before epoch 2")
         return
     n = min(len(passes[0]), len(passes[1]))
     if passes[0][:n] != passes[1][:n]:
@@ -313,7 +321,10 @@ def check_all_reduce(v, run, ranks, rules):
     what = getattr(rules, "ALL_REDUCE_WHAT", "reported losses are averaged over all ranks")
     reports = [reported(run, r, rules) for r in range(ranks)]
     if not reports[0][0] or not reports[0][1]:
-        v.add("all_reduce", False, what, "rank 0 reported no loss lines")
+        if run.finished():
+            v.add("all_reduce", False, what, "rank 0 reported no loss lines")
+        elif not reports[0][0] and not reports[0][1]:
+            v.unreached("all_reduce", what, "the run stopped before the first reported loss")
         return
     for r in range(1, ranks):
         rep = reports[r]
@@ -376,7 +387,10 @@ def check_print0(v, run, ranks, rules):
     if noisy:
         v.add("print0", False, what, f"rank {noisy[0]} printed loss lines too, so the job output "
               f"has every line {ranks} times")
-    elif not rules.LOSS_LINE.search(run.logs[0]) or not rules.TEST_LINE.search(run.logs[0]):
+    elif not run.finished() and not rules.LOSS_LINE.search(run.logs[0]):
+        v.unreached("print0", what, "the run stopped before the first loss line")
+    elif not rules.LOSS_LINE.search(run.logs[0]) or not rules.TEST_LINE.search(run.logs[0]) and \
+            run.finished():
         v.add("print0", False, what, "rank 0 printed no loss lines")
     else:
         v.add("print0", True, what)
@@ -400,6 +414,10 @@ def check_save0(v, run, ranks, rules):
     count = {r: {n: sum(1 for f in calls[r] if os.path.basename(f.split()[0]) == n) for n in names}
              for r in range(ranks)}
     pid_rank = run.pids()
+    if not run.finished() and not any(calls.values()) and not any(
+            run.writes(n) or os.path.isfile(os.path.join(run.out_dir, n)) for n in names):
+        v.unreached("save0", what, "the run stopped before the first checkpoint")
+        return
     problems, unsaved, missing = [], [], []
     for name in names:
         exists = os.path.isfile(os.path.join(run.out_dir, name))
@@ -460,7 +478,7 @@ def check_destroy(v, run, ranks):
     elif run.finished() and any("group_alive=1" in e[-1] for e in exits if e):
         v.add("destroy", False, what, "the process group was still alive when the program ended")
     elif not run.finished() and not destroyed:
-        v.add("destroy", False, what, "the run stopped before the end (see above)")
+        v.unreached("destroy", what, "the run stopped before the end")
     elif not all(exits) and run.finished():
         v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})")
     else:

@@ -7,7 +7,7 @@ WHOAMI = 'std::printf("rank %d of %d: local rank %d, device %s\\n", rank, world_
 MUTANTS = [
     ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
      [('#include "kit/distributed.h"', '#include "distributed.h"')], []),
-    ("destroy-early", "run", "2", "destroy_process_group() before the barrier (right code, wrong "
+    ("destroy-early", "stops", "2", "destroy_process_group() before the barrier (right code, wrong "
      "place)",
      [("  kit::destroy_process_group();\n", ""),
       ("  kit::barrier();\n", "  kit::destroy_process_group();\n  kit::barrier();\n")], ["8"]),
@@ -16,14 +16,14 @@ MUTANTS = [
     ("whoami-rank-as-local-rank", "run", "3", "the rank printed where the local rank belongs "
      "(equal on one node, not with one rank per node)",
      [("rank, world_size, local_rank,", "rank, world_size, rank,")], []),
-    ("broadcast-rank0-only", "run", "4", "the broadcast inside `if (rank == 0)`: the other ranks "
+    ("broadcast-rank0-only", "stops", "4", "the broadcast inside `if (rank == 0)`: the other ranks "
      "never join it, and the run hangs until the collective timeout",
      [("  kit::broadcast(shared, /*root=*/0);", "  if (rank == 0) kit::broadcast(shared, /*root=*/0);")],
      ["5", "6", "7", "8"]),
     ("average-by-sum", "run", "5", "ReduceOp::SUM where the average was asked for",
      [("kit::all_reduce(average, kit::ReduceOp::AVG);", "kit::all_reduce(average, kit::ReduceOp::SUM);")],
      []),
-    ("gather-into-n", "run", "6", "the all_gather output sized like one rank's tensor: the kit "
+    ("gather-into-n", "stops", "6", "the all_gather output sized like one rank's tensor: the kit "
      "refuses it, and the run stops",
      [("torch::Tensor gathered = torch::empty({world_size * n}, options);",
        "torch::Tensor gathered = torch::empty({n}, options);")], ["7", "8"]),

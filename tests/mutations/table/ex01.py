@@ -76,7 +76,7 @@ MUTANTS = [
       ('kit::save0(model, args.out_dir + "/model-final.pt");',
        'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
      []),
-    ("eval-all-reduce-rank0-only", "run", "10", "the evaluation's all_reduce inside `if (rank "
+    ("eval-all-reduce-rank0-only", "stops", "10", "the evaluation's all_reduce inside `if (rank "
      "== 0)`: the other ranks never join it, and the run hangs until the collective timeout",
      [(SUM_EVAL, "if (kit::get_rank() == 0) " + SUM_EVAL)], ["7", "9", "11", "13"]),
     # Correct rewrites in one program (one build less): the TODO checks and the comparison with
