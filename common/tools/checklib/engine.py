@@ -37,6 +37,7 @@ class Check:
         self.source = args.source
         self.verdicts = Verdicts(getattr(rules, "LABELS", {}))
         self.alone = self.many = self.nodes = self.reference = self.data = None
+        self.flag_runs = {}  # name -> (the student's run, the solution's run) with FLAG_RUNS' flags
 
     def tool(self, name):
         """A program of the build (ddprun, make_corpus, ...): --<name> or --bin-dir/<name>."""
@@ -49,18 +50,19 @@ class Check:
             binary, layout, data, self.tool("ddprun"), flags, getattr(self.rules, "RUN_ENV", None))
 
 
-def reference_run(check, directory, data):
-    """The solution's run. With --reference-dir it is made once and reused while the solution
-    binary and the flags stay the same (a lock keeps parallel checks from racing)."""
+def reference_run(check, directory, data, name="", flags=None):
+    """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`).
+    With --reference-dir it is made once and reused while the solution binary and the flags stay
+    the same (a lock keeps parallel checks from racing)."""
     rules, solution, ranks = check.rules, check.args.solution, check.ranks
+    flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
-    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, rules.RUN_FLAGS,
-                      rules.data_key()])
-    stamp = os.path.join(directory, "key.json")
-    run = Run(os.path.join(directory, f"solution{ranks}"), ranks)
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key()])
+    stamp = os.path.join(directory, f"key{name}.json")
+    run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
         return run.load()
-    run.launch(solution, "node", data, check.tool("ddprun"), rules.RUN_FLAGS,
+    run.launch(solution, "node", data, check.tool("ddprun"), flags,
                getattr(rules, "RUN_ENV", None))
     if run.code == 0:
         with open(stamp, "w") as f:
@@ -158,6 +160,17 @@ def main(argv, doc):
     if joined and check.many.finished() and getattr(rules, "NODES_FLAGS", None) is not None:
         check.nodes = check.launch(a.binary, f"nodes{ranks}", ranks, "nodes", data,
                                    rules.NODES_FLAGS)
+    # The flags a TODO must honour, run with values other than RUN_FLAGS' (rules' FLAG_RUNS): a
+    # value hard-coded to the default, or one rule in place of another, shows only there.
+    if joined and check.many.finished():
+        for name, flags in getattr(rules, "FLAG_RUNS", {}).items():
+            mine = check.launch(a.binary, f"{name}{ranks}", ranks, "node", data, flags)
+            if a.reference_dir:
+                with Locked(a.reference_dir):
+                    theirs = reference_run(check, a.reference_dir, data, name, flags)
+            else:
+                theirs = reference_run(check, workdir, data, name, flags)
+            check.flag_runs[name] = (mine, theirs)
 
     rules.judge(check)
     # A collective that not every rank called: named first, with its TODO and the rule, since

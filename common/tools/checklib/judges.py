@@ -213,7 +213,8 @@ def check_ddp(v, run, ranks):
         elif not reduced:
             why += "; the DistributedDataParallel object did not live through the training (a " \
                    "temporary?): give it a name, so it lives until the end of main()"
-        v.add("ddp", False, what, why)
+        v.add("ddp", False, what, why,
+              cause="no_sync" if not reduced and run.events(0, "ddp_no_sync") else None)
     elif not reduced:
         v.add("ddp", False, what, "the weights agree, but gradients were never averaged")
     else:
@@ -258,7 +259,7 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
     what = "a new shuffle in every epoch (set_epoch)"
     if not sampled:
         v.add("set_epoch", False, what, f"needs the training sampler first (TODOs {v.todo('sampler')} and "
-              f"{v.todo('loader-train')})")
+              f"{v.todo('loader-train')})", cause="sampler")
         return
     passes = max((epochs_of(run, r, "train") for r in range(ranks)), key=len)
     if len(passes) < 2:
@@ -271,7 +272,7 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
     if not shuffles:
         v.add("set_epoch", False, what, "epoch 2 read the training samples in exactly the order "
               f"of epoch 1: the training sampler does not shuffle (TODO {v.todo('sampler')}), so "
-              "no epoch can differ")
+              "no epoch can differ", cause="sampler")
         return
     # The order did not change. Was the training sampler told each epoch before its batches?
     events = run.traces[0]
@@ -480,7 +481,8 @@ def check_destroy(v, run, ranks):
     elif not run.finished() and not destroyed:
         v.unreached("destroy", what, "the run stopped before the end")
     elif not all(exits) and run.finished():
-        v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})")
+        v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})",
+              cause="setup")
     else:
         v.add("destroy", True, what)
 
@@ -490,9 +492,35 @@ def final_test_loss(run, rules):
     return tests[-1] if tests else None
 
 
-def check_eval_model(v, run, ranks):
+def before_evaluations(run, rank):
+    """For each evaluation of `rank`: (the buffers' sum it evaluates with, the last training
+    forward before it as (params, buffers), the loss of the last step before it)."""
+    out, forward, loss = [], None, None
+    for kind, fields in run.traces[rank]:
+        f = kv(fields)
+        if kind == "forward":
+            forward = (f.get("params"), f.get("buffers"))
+        elif kind == "step":
+            loss = f.get("loss")
+        elif kind == "evaluate":
+            out.append((f.get("buffers"), forward, loss))
+    return out
+
+
+def close_sums(a, b, rel=1e-9):
+    try:
+        return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def check_eval_model(v, run, ranks, reference=None):
     """Every evaluation's first forward records the sum of the model's buffers (batch norm's
-    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it."""
+    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it. And
+    the state is compared with the solution's run, not only across ranks: where the last training
+    forward before an evaluation had the solution's weights and statistics and its step the same
+    loss, the statistics evaluated with must be the solution's too (combined across the ranks the
+    same way: a SUM, or rank 0's copy, agrees across ranks and is still wrong)."""
     what = "every rank evaluates, and rank 0 saves, the same batch-norm statistics"
     sums = [[kv(f).get("buffers") for f in run.events(r, "evaluate")] for r in range(ranks)]
     n = min(len(s) for s in sums)
@@ -510,6 +538,22 @@ def check_eval_model(v, run, ranks):
                   "another model and rank 0 saves only its own; average them over the ranks "
                   "before evaluating")
             return
+    theirs = before_evaluations(reference, 0) if reference is not None else []
+    for k, (mine, (got, before, loss)) in enumerate(zip(theirs, before_evaluations(run, 0))):
+        want, their_before, their_loss = mine
+        if before is None or their_before is None or loss != their_loss or not all(
+                close_sums(a, b) for a, b in zip(before, their_before)):
+            break  # the training already differs: what follows is not this TODO's to judge
+        if not close_sums(got, want, 1e-6):
+            ratio = float(got) / float(want) if float(want or 0) else float("nan")
+            why = (f"at evaluation {k + 1} every rank holds the same running statistics, but not "
+                   f"the solution's (their sum {float(got):.6g}, the solution's "
+                   f"{float(want):.6g}), although training ended with the solution's weights and "
+                   "statistics: they were combined across the ranks another way than averaged")
+            if math.isclose(ratio, ranks, rel_tol=0.05):
+                why += f" ({ratio:.3g} x the solution's: summed, not averaged; ReduceOp::AVG)"
+            v.add("bn_stats", False, what, why)
+            return
     v.add("bn_stats", True, what)
 
 
@@ -518,7 +562,8 @@ def check_no_sync(v, run, ranks, accum):
     steps (kit::Metrics' step events) and the micro-batches (the model's training forwards)."""
     what = f"one gradient all-reduce per step, after the last of its {accum} micro-batches (no_sync)"
     if not any(run.events(r, "ddp") for r in range(ranks)):
-        v.add("no_sync", False, what, f"needs DistributedDataParallel (TODO {v.todo('ddp')})")
+        v.add("no_sync", False, what, f"needs DistributedDataParallel (TODO {v.todo('ddp')})",
+              cause="ddp")
         return
     steps = len(run.events(0, "step"))
     reduced = len(run.events(0, "ddp_step"))
@@ -566,12 +611,14 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
         return
     if not math.isclose(mine[0], theirs[0], rel_tol=1e-12) or batches(run) != batches(reference):
         v.add("lr", False, what, "not judged: the first step starts from other weights or "
-              f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})")
+              f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})",
+              cause="setup")
         return
     others = [first_update(run, r, accum) for r in range(1, run.ranks)]
     if any(o is None or o[1] != mine[1] for o in others):
         v.add("lr", False, what, "not judged: the ranks made different first updates, so the "
-              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})")
+              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})",
+              cause="ddp")
         return
     ratio = mine[1] / theirs[1] if theirs[1] else float("nan")
     if math.isclose(ratio, 1.0, rel_tol=1e-3):
@@ -583,3 +630,32 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
     elif math.isclose(ratio, 2.0, rel_tol=0.02):
         why += ": it was scaled twice"
     v.add("lr", False, what, why)
+
+
+def with_flags(v, check, judgments):
+    """Judges each run of the rules' FLAG_RUNS (check.flag_runs) as the main run was judged, by
+    `judgments(scratch verdicts, run, the solution's run, name)`; a concept that passed on the
+    main run but fails there gets that ✘ in its place, naming the flags. A TODO that hard-codes
+    the value of RUN_FLAGS (2 micro-batches, the linear rule) passes the one and not the other."""
+    for name, (mine, theirs) in check.flag_runs.items():
+        flags = " ".join(check.rules.FLAG_RUNS[name])
+        scratch = type(v)(v.labels)
+        if not mine.finished():
+            stop = mine.failure()
+            scratch.add(getattr(check.rules, "FLAG_RUNS_TODO", {}).get(name, "all"), False,
+                        "the run with other flags gets to its end", stop)
+        else:
+            judgments(scratch, mine, theirs, name)
+        for i, (todo, ok, what, why) in enumerate(scratch.rows):
+            if ok is not False:
+                continue
+            here = [k for k, row in enumerate(v.rows) if row[0] == todo]
+            if any(v.rows[k][1] is False for k in here):
+                continue  # the main run already fails it: one reason is enough
+            row = (todo, False, what, f"with {flags}: {why}")
+            if here:
+                v.rows[here[0]] = row
+            else:
+                v.rows.append(row)
+            if i in scratch.causes:
+                v.causes[here[0] if here else len(v.rows) - 1] = scratch.causes[i]

@@ -226,7 +226,7 @@ def judge(check):
         for concept in ("whoami", "broadcast", "all_reduce", "all_gather", "reduce_scatter",
                         "barrier"):
             v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1, and "
-                  "every collective is trivial")
+                  "every collective is trivial", cause="setup")
     # Everything together, against the solution's run on the same ranks.
     mine = [results(many.logs.get(r, "")) for r in range(ranks)]
     theirs = [results(check.reference.logs.get(r, "")) for r in range(ranks)]

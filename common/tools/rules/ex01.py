@@ -65,7 +65,7 @@ def judge(check):
     else:
         for concept in ("sampler", "loader-train", "loader-valid", "loader-test", "ddp",
                         "set_epoch"):
-            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1")
+            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1", cause="setup")
     judges.check_all_reduce(v, many, ranks, check.rules)
     judges.check_print0(v, many, ranks, check.rules)
     judges.check_save0(v, many, ranks, check.rules)
