@@ -43,3 +43,25 @@ MUTANTS += [
      [("  kit::destroy_process_group();\n",
        "  kit::barrier();\n  kit::destroy_process_group();\n")], ["extra collective #7 on rank 0: barrier #7"]),
 ]
+
+# Written from the TODO text (issue: a table of mistakes per class): a raw backend error, the
+# kit's refusal of a wrong input, a barrier in the wrong place, and a correct rewrite.
+MUTANTS += [
+    ("broadcast-root-2", "stops", "4", "the broadcast from root 2, a rank that does not exist "
+     "on 2 ranks: the backend refuses it on every rank (a raw c10d error)",
+     [("kit::broadcast(shared, /*root=*/0);", "kit::broadcast(shared, /*root=*/2);")],
+     ["5", "6", "7", "8"]),
+    ("reduce-scatter-input-mine", "stops", "7", "reduce_scatter given `mine` (n numbers) as its "
+     "input, not the world-size chunks: the kit refuses it and the run stops",
+     [("kit::reduce_scatter(scattered, chunks, kit::ReduceOp::SUM);",
+       "kit::reduce_scatter(scattered, mine, kit::ReduceOp::SUM);")], ["8"]),
+    ("barrier-before-wait", "run", "8", "the barrier before the slow rank's wait and the marks "
+     "(right call, wrong place): the fast rank counts the marks before the slow one left its own",
+     [("  kit::barrier();\n", ""),
+      ("  if (rank == 0) std::this_thread::sleep_for",
+       "  kit::barrier();\n  if (rank == 0) std::this_thread::sleep_for")], []),
+    ("average-sum-then-divide", "equivalent", "5", "the average as ReduceOp::SUM, then divided "
+     "by the world size (correct: must pass)",
+     [("kit::all_reduce(average, kit::ReduceOp::AVG);",
+       "kit::all_reduce(average, kit::ReduceOp::SUM);\n  average /= world_size;")], []),
+]

@@ -135,3 +135,22 @@ MUTANTS += [
      [("validation loss %.5f (perplexity %.2f)\\n\", epoch + 1",
        "validation loss %.5f (ppl %.2f)\\n\", epoch + 1")], ["(ppl ", "(perplexity "]),
 ]
+
+# Written from the TODO text: a flag's default hard-coded, a hang in the training mean's
+# all-reduce, and correct rewrites.
+MUTANTS += [
+    ("sampler-seed-42", "diverges", "4", "the training sampler seeded with 42, --seed's default, "
+     "in place of args.seed: alike on every rank, but not the seed the run asked for",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/true, 42);")], ["with seed 42", "with seed 7"]),
+    ("train-mean-rank0-only", "stops", "10", "the training mean's all_reduce inside `if (rank == "
+     "0)`: rank 0 waits in it, the other ranks go on to the validation",
+     [(AVG_TRAIN, "if (kit::get_rank() == 0) " + AVG_TRAIN)], []),
+    ("optimizer-before-ddp", "equivalent", "8", "the optimizer made before the wrapper (it holds "
+     "the same parameters either way) (correct: must pass)",
+     [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n"
+       "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n",
+       "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n"
+       "  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n")],
+     []),
+]
