@@ -124,10 +124,16 @@ def explain(run, source, exercise, labels, verdicts):
     if not site and rank is not None:
         site, evidence = last_site(run, rank), "last"
     todo, where = place(site, source, exercise, labels, verdicts)
+    if any(run.events(r, "after_destroy") for r in ranks):
+        # The refused call is where the run stopped, not the mistake: destroy_process_group()
+        # came too early, and the judges name its TODO.
+        label = verdicts.todo("destroy")
+        return Stop(rank, how + "; a kit call after destroy_process_group()", site, None,
+                    f"see TODO {label}" if label != "destroy" else "")
     if where and evidence == "last" and crash:
         how += f"; its last kit call was the collective at {where}"
         where = ""  # not the crash's own line: no TODO is blamed on it alone
         todo = None
     elif where and evidence == "last":
-        how += f"; its last collective was at {where}"
+        where = f"its last collective: {where}"
     return Stop(rank, how, site, todo, where)

@@ -144,8 +144,9 @@ MUTANTS += [
      [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
        "train_sampler(train_data, /*shuffle=*/true, 42);")], ["with seed 42", "with seed 7"]),
     ("train-mean-rank0-only", "stops", "10", "the training mean's all_reduce inside `if (rank == "
-     "0)`: rank 0 waits in it, the other ranks go on to the validation",
-     [(AVG_TRAIN, "if (kit::get_rank() == 0) " + AVG_TRAIN)], []),
+     "0)`: rank 0 waits in it, the other ranks go on to the epoch's report (a collective of "
+     "kit::Metrics)",
+     [(AVG_TRAIN, "if (kit::get_rank() == 0) " + AVG_TRAIN)], ["6", "7", "9", "11", "12", "13"]),
     ("optimizer-before-ddp", "equivalent", "8", "the optimizer made before the wrapper (it holds "
      "the same parameters either way) (correct: must pass)",
      [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n"

@@ -84,7 +84,7 @@ MUTANTS += [
     # Stopped runs.
     ("bn-stats-rank0-only", "stops", "13", "the running statistics averaged inside `if (rank == "
      "0)`: rank 0 waits in an all-reduce the other ranks never make",
-     [(BN, "    if (kit::get_rank() == 0)\n  " + BN)], []),
+     [(BN, "    if (kit::get_rank() == 0)\n  " + BN)], ["6", "8", "9", "10", "11", "12"]),
     ("destroy-before-final-save", "stops", "12", "destroy_process_group() before the final "
      "save0 (right code, wrong place): the kit refuses the save",
      [("  kit::destroy_process_group();\n", ""),
