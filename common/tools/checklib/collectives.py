@@ -113,3 +113,30 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None, exercise
     if todo:  # first among its TODO's rows: what follows in the run is a consequence of it
         v.add(todo, False, what, why, first=True)
     return f"{why} ({where}): {RULE}"
+
+
+def judge_tensors(v, run, reference, ranks, place):
+    """Each collective's tensor against the solution's run: the same kind at the same position
+    must have the same shape and dtype (a Double where the solution has a Float doubles the
+    bytes on the wire; another shape is another result). Compared only where both runs made the
+    same kinds of collective in the same order, so that a correct program that packs its values
+    otherwise is not judged by position. place(site) -> (TODO label, where)."""
+    if reference is None or not reference.ranks:
+        return
+    theirs = calls(reference, 0)
+    for r in range(ranks):
+        mine = calls(run, r)
+        if [c.get("kind") for c in mine] != [c.get("kind") for c in theirs[:len(mine)]] or \
+                (run.finished() and len(mine) != len(theirs)):
+            return
+        for m, t in zip(mine, theirs):
+            if (m.get("shape"), m.get("dtype")) == (t.get("shape"), t.get("dtype")):
+                continue
+            todo, where = place(m.get("site", ""))
+            if not todo:
+                return  # outside the TODOs: the closing comparison names it
+            v.add(todo, False, "each collective's tensor has the solution's shape and dtype",
+                  f"rank {r}'s {m.get('kind')} #{m.get('seq')} ({where}) has a {m.get('shape')} "
+                  f"{m.get('dtype')} tensor where the solution's run has a {t.get('shape')} "
+                  f"{t.get('dtype')} one")
+            return

@@ -45,29 +45,62 @@ class Check:
         path = given or os.path.join(self.args.bin_dir or "", name)
         return os.path.abspath(path)
 
-    def launch(self, binary, name, ranks, layout, data, flags):
+    def launch(self, binary, name, ranks, layout, data, flags, env=None):
         return Run(os.path.join(self.workdir, name), ranks).launch(
-            binary, layout, data, self.tool("ddprun"), flags, getattr(self.rules, "RUN_ENV", None))
+            binary, layout, data, self.tool("ddprun"), flags,
+            dict(getattr(self.rules, "RUN_ENV", None) or {}, **(env or {})))
 
 
-def reference_run(check, directory, data, name="", flags=None):
+def reference_run(check, directory, data, name="", flags=None, env=None):
     """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`).
     With --reference-dir it is made once and reused while the solution binary and the flags stay
     the same (a lock keeps parallel checks from racing)."""
     rules, solution, ranks = check.rules, check.args.solution, check.ranks
     flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
-    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key()])
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env])
     stamp = os.path.join(directory, f"key{name}.json")
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
         return run.load()
     run.launch(solution, "node", data, check.tool("ddprun"), flags,
-               getattr(rules, "RUN_ENV", None))
+               dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
     if run.code == 0:
         with open(stamp, "w") as f:
             f.write(key)
     return run
+
+
+DEVICE_ENV = {"KIT_DEVICE_CHECK": "nccl"}
+DEVICE_WHAT = ("every collective is given tensors on the rank's device (NCCL's rule, checked on "
+               "this CPU with KIT_DEVICE_CHECK=nccl)")
+
+
+def device_check(check, data, explain):
+    """A tensor made on the host works with Gloo and stops the first GPU run: the student's build
+    runs once more on the kit's fake device (KIT_DEVICE_CHECK=nccl, common/kit/device_check.h),
+    where every collective refuses a tensor that is not on the rank's device, naming its call.
+    Judged only where the solution's run works there (LibTorch 2.13+, a model whose kernels the
+    fake device has: exercise 02's convolutions it has not)."""
+    a, v = check.args, check.verdicts
+    directory = a.reference_dir or check.workdir
+    if a.reference_dir:
+        with Locked(a.reference_dir):
+            theirs = reference_run(check, directory, data, "device", check.rules.RUN_FLAGS, DEVICE_ENV)
+    else:
+        theirs = reference_run(check, directory, data, "device", check.rules.RUN_FLAGS, DEVICE_ENV)
+    if not theirs.finished():
+        why = (theirs.failure() or "").split(". ")[0]
+        v.note("setup", "the device of each collective's tensors: the kit's device check "
+               f"(KIT_DEVICE_CHECK=nccl) cannot run the solution here: {why}")
+        return
+    mine = check.launch(a.binary, f"device{check.ranks}", check.ranks, "node", data,
+                        check.rules.RUN_FLAGS, DEVICE_ENV)
+    if mine.finished():
+        return
+    stop = explain(mine)
+    v.add(stop.todo or "run", False, DEVICE_WHAT,
+          stop.how + (f" ({stop.where})" if stop.where else ""))
 
 
 def solution_note(exercise):
@@ -171,6 +204,8 @@ def main(argv, doc):
             else:
                 theirs = reference_run(check, workdir, data, name, flags)
             check.flag_runs[name] = (mine, theirs)
+    if joined and check.many.finished():
+        device_check(check, data, explain)
 
     rules.judge(check)
     # A collective that not every rank called: named first, with its TODO and the rule, since
@@ -178,6 +213,10 @@ def main(argv, doc):
     parted = collectives.judge(v, check.many, ranks, check.reference, a.source,
                                lambda: stages_json("todos", a.exercise, "--json") or [],
                                labels_by_file, a.exercise)
+    if not parted:
+        collectives.judge_tensors(v, check.many, check.reference, ranks,
+                                  lambda site: stops.place(site, a.source, a.exercise,
+                                                           labels_by_file, v))
     if parted:
         print(f"  {CROSS} {parted}")
     elif many_stop and many_stop.todo and not any(

@@ -65,3 +65,17 @@ MUTANTS += [
      [("kit::all_reduce(average, kit::ReduceOp::AVG);",
        "kit::all_reduce(average, kit::ReduceOp::SUM);\n  average /= world_size;")], []),
 ]
+
+# Tensors: the device (KIT_DEVICE_CHECK=nccl: a host tensor works on Gloo, NCCL refuses it) and
+# the dtype of each collective's tensor, against the solution's run.
+MUTANTS += [
+    ("sum-on-host", "run", "5", "the sum's tensor moved to the host (.cpu()) before its "
+     "all_reduce: Gloo takes it, NCCL on a GPU refuses it",
+     [("kit::all_reduce(sum, kit::ReduceOp::SUM);",
+       "sum = sum.cpu();\n  kit::all_reduce(sum, kit::ReduceOp::SUM);")], []),
+    ("average-as-double", "run", "5", "the average all-reduced as a Double copy: the same "
+     "numbers, twice the bytes of the solution's Float",
+     [("kit::all_reduce(average, kit::ReduceOp::AVG);",
+       "average = average.to(torch::kDouble);\n  kit::all_reduce(average, kit::ReduceOp::AVG);")],
+     []),
+]

@@ -155,3 +155,10 @@ MUTANTS += [
        "  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n")],
      []),
 ]
+
+MUTANTS += [
+    ("train-mean-on-host", "run", "10", "the training mean copied into a new host tensor "
+     "(torch::tensor(mean.item<float>())) before its all_reduce: Gloo takes it, NCCL on a GPU "
+     "refuses it",
+     [(AVG_TRAIN, "mean = torch::tensor(mean.item<float>());\n  " + AVG_TRAIN)], []),
+]
