@@ -221,10 +221,9 @@ def main(argv, doc):
         print(f"  {CROSS} {parted}")
     elif many_stop and many_stop.todo and not any(
             check.many.events(r, "after_destroy") for r in range(ranks)):
-        # (A kit call after destroy_process_group() is the destroy TODO's mistake, wherever the
-        # refused call is: the judges name that TODO.)
         # The run stopped at a line of a TODO: that TODO is where the run breaks, whatever the
-        # rows judged from the part before it say.
+        # rows judged from the part before it say. (A kit call after destroy_process_group() is
+        # the destroy TODO's mistake wherever the refused call is: the judges name that TODO.)
         v.add(many_stop.todo, False, f"the run on {ranks} ranks gets to its end",
               f"{many_stop.how} ({many_stop.where})", first=True)
     v.print()
