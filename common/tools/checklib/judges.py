@@ -545,12 +545,20 @@ def check_eval_model(v, run, ranks, reference=None):
                   "another model and rank 0 saves only its own; average them over the ranks "
                   "before evaluating")
             return
-    theirs = before_evaluations(reference, 0) if reference is not None else []
-    for k, (mine, (got, before, loss)) in enumerate(zip(theirs, before_evaluations(run, 0))):
-        want, their_before, their_loss = mine
-        if before is None or their_before is None or loss != their_loss or not all(
-                close_sums(a, b) for a, b in zip(before, their_before)):
-            break  # the training already differs: what follows is not this TODO's to judge
+    if reference is None or reference.ranks != ranks:
+        v.add("bn_stats", True, what)
+        return
+    mine = [before_evaluations(run, r) for r in range(ranks)]
+    theirs = [before_evaluations(reference, r) for r in range(ranks)]
+    for k in range(min(len(x) for x in mine + theirs)):
+        # Every rank's last training forward (weights, statistics) and step loss before this
+        # evaluation must be the solution's: otherwise the training already differs, and what
+        # follows is not this TODO's to judge.
+        if any(m[k][1] is None or t[k][1] is None or m[k][2] != t[k][2] or not all(
+                close_sums(a, b) for a, b in zip(m[k][1], t[k][1]))
+               for m, t in zip(mine, theirs)):
+            break
+        got, want = mine[0][k][0], theirs[0][k][0]
         if not close_sums(got, want, 1e-6):
             ratio = float(got) / float(want) if float(want or 0) else float("nan")
             why = (f"at evaluation {k + 1} every rank holds the same running statistics, but not "
