@@ -115,28 +115,35 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None, exercise
     return f"{why} ({where}): {RULE}"
 
 
-def judge_tensors(v, run, reference, ranks, place):
-    """Each collective's tensor against the solution's run: the same kind at the same position
-    must have the same shape and dtype (a Double where the solution has a Float doubles the
-    bytes on the wire; another shape is another result). Compared only where both runs made the
-    same kinds of collective in the same order, so that a correct program that packs its values
-    otherwise is not judged by position. place(site) -> (TODO label, where)."""
-    if reference is None or not reference.ranks:
+def judge_tensors(v, run, reference, ranks, place, place_theirs):
+    """Each collective's tensor against the solution's run: the k-th collective a TODO's lines
+    make must have the shape and dtype of the k-th the solution's lines of that TODO make (a
+    Double where the solution has a Float doubles the bytes on the wire; another shape is another
+    result). Matched by TODO, not by position in the run, so that right code in another order is
+    not compared with the wrong call; a TODO that makes another number of collectives (values
+    packed otherwise) is left to the other judgments. place(site) / place_theirs(site) -> the TODO
+    label of a call site of the student's / the solution's run, or None."""
+    if reference is None or reference.ranks != ranks:
         return
-    theirs = calls(reference, 0)
     for r in range(ranks):
-        mine = calls(run, r)
-        if [c.get("kind") for c in mine] != [c.get("kind") for c in theirs[:len(mine)]] or \
-                (run.finished() and len(mine) != len(theirs)):
-            return
-        for m, t in zip(mine, theirs):
-            if (m.get("shape"), m.get("dtype")) == (t.get("shape"), t.get("dtype")):
+        mine, theirs = {}, {}
+        for c in calls(run, r):
+            todo = place(c.get("site", ""))
+            if todo:
+                mine.setdefault(todo, []).append(c)
+        for c in calls(reference, r):
+            todo = place_theirs(c.get("site", ""))
+            if todo:
+                theirs.setdefault(todo, []).append(c)
+        for todo, made in mine.items():
+            want = theirs.get(todo, [])
+            if len(made) != len(want) and run.finished():
                 continue
-            todo, where = place(m.get("site", ""))
-            if not todo:
-                return  # outside the TODOs: the closing comparison names it
-            v.add(todo, False, "each collective's tensor has the solution's shape and dtype",
-                  f"rank {r}'s {m.get('kind')} #{m.get('seq')} ({where}) has a {m.get('shape')} "
-                  f"{m.get('dtype')} tensor where the solution's run has a {t.get('shape')} "
-                  f"{t.get('dtype')} one")
-            return
+            for m, t in zip(made, want):
+                if (m.get("shape"), m.get("dtype")) == (t.get("shape"), t.get("dtype")):
+                    continue
+                v.add(todo, False, "each collective's tensor has the solution's shape and dtype",
+                      f"rank {r}'s {m.get('kind')} #{m.get('seq')} ({m.get('site')}) has a "
+                      f"{m.get('shape')} {m.get('dtype')} tensor where the solution's "
+                      f"{t.get('kind')} of this TODO has a {t.get('shape')} {t.get('dtype')} one")
+                return

@@ -71,6 +71,14 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
     return run
 
 
+def program_solution(exercise):
+    """The solution's source of the exercise's program (its first C++ file), whose lines the
+    solution's run trace names."""
+    info = stages_json("info", exercise)
+    f = next((f for f in info.get("files", []) if f.get("lang", "cpp") == "cpp"), None)
+    return os.path.join(ROOT, f["solution"]) if f else None
+
+
 DEVICE_ENV = {"KIT_DEVICE_CHECK": "nccl"}
 DEVICE_WHAT = ("every collective is given tensors on the rank's device (NCCL's rule, checked on "
                "this CPU with KIT_DEVICE_CHECK=nccl)")
@@ -214,9 +222,11 @@ def main(argv, doc):
                                lambda: stages_json("todos", a.exercise, "--json") or [],
                                labels_by_file, a.exercise)
     if not parted:
-        collectives.judge_tensors(v, check.many, check.reference, ranks,
-                                  lambda site: stops.place(site, a.source, a.exercise,
-                                                           labels_by_file, v))
+        solution_source = program_solution(a.exercise)
+        collectives.judge_tensors(
+            v, check.many, check.reference, ranks,
+            lambda site: stops.place(site, a.source, a.exercise, labels_by_file, v)[0],
+            lambda site: stops.place(site, solution_source, a.exercise, labels_by_file, v)[0])
     if parted:
         print(f"  {CROSS} {parted}")
     elif many_stop and many_stop.todo and not any(
