@@ -39,7 +39,7 @@ int stage_1_or_2(int stage) {
   check_zero_stage(stage);
   if (stage != 1 && stage != 2)
     throw std::invalid_argument("ZeroOptimizer does stages 1 and 2, not " + std::to_string(stage) +
-                                " (stage 0 is DistributedDataParallel, 3 is FullyShardedLM)");
+                                " (stage 0 is DistributedDataParallel, 3 is FullyShardedModel)");
   return stage;
 }
 

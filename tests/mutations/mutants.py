@@ -11,9 +11,12 @@ every TODO of every exercise's trainer has at least one mutant, or a reason in t
 COVERED_BY_STAGES (a TODO that repeats an earlier exercise's kit call).
 
 Kinds:
-  run        compiles; the check must fail, its first ✘ must be `todo`, and the failing TODOs
+  run        compiles; the check must fail, its "fix first" line must name `todo`, and the failing TODOs
              must be exactly {todo} | also ("all", the final-loss row, is not constrained)
   compile    does not compile; the check's compiler report must name `todo`
+  stops      compiles, and the run stops (a hang, a crash, an error): the check must name `todo`
+             as the TODO to fix first, fail no other TODO, and say "not reached" for exactly the
+             TODOs of `also` (those whose work comes after the stop)
   equivalent a correct rewrite the check must pass in full (guards against false alarms)
   diverges   compiles and passes every TODO, but the run is not the solution's: the closing row
              ("all") must fail and name the place where the run first leaves the solution's,
@@ -130,7 +133,7 @@ def verify():
             if m["todo"] not in labels and not (m["kind"] == "diverges" and m["todo"] == "-"):
                 errors.append(f"{ex}: mutant '{m['id']}' names TODO {m['todo']}, which the "
                               f"exercise does not have ({sorted(labels)})")
-        covered = {m["todo"] for m in mutants(ex) if m["kind"] in ("run", "compile")}
+        covered = {m["todo"] for m in mutants(ex) if m["kind"] in ("run", "stops", "compile")}
         for label, why in COVERED_BY_STAGES.get(ex, {}).items():
             if label not in labels:
                 errors.append(f"{ex}: COVERED_BY_STAGES names TODO {label}, which the exercise "

@@ -6,8 +6,11 @@ usage: run_mutant.py EXERCISE ID check -- <check.py arguments>
        run_mutant.py EXERCISE ID compile --build-dir DIR --target TARGET --source FILE --log FILE
                                           [--cmake CMAKE]
 
-`check`: kind "run" must fail with its first ✘ on the mutant's TODO and exactly the expected
-TODOs failing; kind "equivalent" must pass everything; kind "diverges" must pass every TODO and
+`check`: kind "run" must fail, name the mutant's TODO in its one "fix first: TODO n" line (the
+earliest TODO that failed on its own evidence, not a symptom of it) and have exactly the expected
+TODOs failing; kind "stops" (a run that stops: a hang, a crash, an error) the same with only the
+mutant's TODO failing, and exactly the TODOs of `also` "not reached"; kind "equivalent" must pass
+everything; kind "diverges" must pass every TODO and
 fail the closing row ("all"), which names the mutant's TODO (or "outside the TODOs") and holds
 every phrase of its `also`.
 `compile`: builds TARGET (which must fail), then asks check.py to explain the build log, as
@@ -23,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CHECK_PY = os.path.join(ROOT, "common", "tools", "check.py")
 ROW = re.compile(r"^\s*([\u2714\u2718]) TODO (\S+)\s")
+FIRST = re.compile(r"^fix first: TODO (\S+)$", re.M)
+NOT_REACHED = re.compile(r"^not reached: (\S+)$", re.M)
 
 
 def mutant(ex, mid):
@@ -60,15 +65,23 @@ def run_check(ex, m, rest):
             if phrase not in closing:
                 errors.append(f"the closing row does not say '{phrase}': {closing.strip()}")
     else:
-        want = {m["todo"]} | set(m["also"])
+        stops = m["kind"] == "stops"
+        want = {m["todo"]} | (set() if stops else set(m["also"]))
+        first = FIRST.search(p.stdout)
         if p.returncode == 0:
             errors.append("the check exited 0 on a mutant")
         if not failed:
             errors.append(f"no TODO failed; TODO {m['todo']} should have")
-        elif failed[0] != m["todo"]:
-            errors.append(f"the first \u2718 names TODO {failed[0]}, not TODO {m['todo']}")
+        elif not first or first.group(1) != m["todo"]:
+            errors.append(f"the 'fix first' line names {first.group(0) if first else 'nothing'}, "
+                          f"not TODO {m['todo']}")
         if failed and set(failed) != want:
             errors.append(f"failing TODOs {sorted(set(failed))}, expected {sorted(want)}")
+        if stops:
+            unreached = NOT_REACHED.search(p.stdout)
+            got = unreached.group(1).split(",") if unreached else []
+            if sorted(got) != sorted(m["also"]):
+                errors.append(f"TODOs 'not reached': {got}, expected {m['also']}")
     return errors
 
 

@@ -230,6 +230,17 @@ def test_list_methods(repo):
     rc, out, _ = repo.kit("list")
     expect(f"{CPP}: 9 of 13 TODOs done, next: TODO 9" in out and "by behaviour" in out,
            "kit list uses the last check's verdicts for the same file")
+    # A TODO with no verdict (judged only on a GPU, or not reached) is counted from the source:
+    # stage 8's TODO 8 is done there.
+    nv = check.Verdicts()
+    for label in ("1", "2-3", "4", "5", "6", "7"):
+        nv.add(label, True, "")
+    nv.unreached("9", "", "the run stopped before it")
+    check.record(repo.path(f".kit/check/{EX}.json"), EX, repo.path(CPP), nv)
+    rc, out, _ = repo.kit("list")
+    expect(f"{CPP}: 8 of 13 TODOs done, next: TODO 9" in out and "by behaviour" in out,
+           f"a TODO the check gave no verdict counts as the source says ({out.strip()})")
+    check.record(repo.path(f".kit/check/{EX}.json"), EX, repo.path(CPP), v)
     repo.write(CPP, repo.snapshot()[CPP][0] + b"// edited after the check\n")
     rc, out, _ = repo.kit("list")
     expect(f"{CPP}: 8 of 13 TODOs done" in out and "estimated from the source" in out,
@@ -369,21 +380,37 @@ def test_diff_solution(repo):
 
 def test_job_refusals(repo, work):
     """./kit check 01 --job without Slurm, or without root: one line, exit 2, before any build
-    (the stand-in cmake would fail a build loudly)."""
+    (the stand-in cmake would fail a build loudly). Without Slurm, as root, the one command
+    installs it: it sets the test cluster up (tests/slurm/cluster.sh setup, which installs
+    Debian's Slurm; a stand-in here that records the call and fails)."""
     fake, log = stand_in_cmake(work, "a build was started\n")
     no_sbin = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if "sbin" not in d)
     env = dict(repo.env, PATH=fake + os.pathsep + no_sbin, FAKE_LOG=log)
-    rc, out, err = repo.kit("check", "01", "--job", env=env)
-    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "Slurm" in err and not out.strip(),
-           f"check --job without slurmctld/slurmd: one line, exit 2 ({rc}: {err.strip()})")
+    cluster = "tests/slurm/cluster.sh"
+    called = os.path.join(work, "cluster-calls")
+    os.makedirs(os.path.dirname(repo.path(cluster)), exist_ok=True)  # the copy has no tests/
+    repo.write(cluster, f'#!/bin/sh\n# A stand-in: records the call, cannot set anything up.\n'
+                        f'echo "$@" >> {called}\nexit 1\n'.encode())
+    os.chmod(repo.path(cluster), 0o755)
+    try:
+        rc, out, err = repo.kit("check", "01", "--job", env=env)
+    finally:
+        shutil.rmtree(repo.path("tests"))
+    calls = open(called).read().split() if os.path.exists(called) else []
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "cluster" in err and not out.strip()
+           and calls == ["setup"],
+           f"check --job without slurmctld/slurmd, as root: sets the test cluster up (which "
+           f"installs Slurm) before any build; one line, exit 2 ({rc}: {err.strip()}; {calls})")
     with open(os.path.join(fake, "id"), "w") as f:
         f.write('#!/bin/sh\n# A stand-in for id: an ordinary user.\n'
                 '[ "$1" = -u ] && echo 1000 || exec /usr/bin/id "$@"\n')
     os.chmod(os.path.join(fake, "id"), 0o755)
     env = dict(env, PATH=fake + os.pathsep + os.environ["PATH"])
     rc, out, err = repo.kit("check", "01", "--job", env=env)
-    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "root" in err and not out.strip(),
-           f"check --job as an ordinary user: one line, exit 2 ({rc}: {err.strip()})")
+    expect(rc == 2 and len(err.strip().splitlines()) == 1 and "root" in err and not out.strip()
+           and "sudo ./kit check 01 --job" in err,
+           f"check --job as an ordinary user: one line naming the one command, exit 2 ({rc}: "
+           f"{err.strip()})")
 
 
 def main(argv):

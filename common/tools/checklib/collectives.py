@@ -84,7 +84,7 @@ def norm(line):
     return re.sub(r"\s+", " ", re.sub(r"//.*$", "", line)).strip()
 
 
-def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
+def judge(v, run, ranks, reference, source, todos, labels_by_file=None, exercise=None):
     """Adds a ✘ row for the TODO of the first divergence (if any); returns the line to print
     before the TODO rows, or None. todos: a function giving the exercise's TODO blocks (asked
     only when there is a divergence to place). labels_by_file: kit files whose collectives belong to a
@@ -96,7 +96,13 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
     file, _, line = site.partition(":")
     todo = None
     if source and file == os.path.basename(source) and line.isdigit():
-        todo = todo_of_line(source, int(line), todos())
+        # The line's place in the annotated source first (a TODO's line the student rewrote is
+        # still that TODO's), then its text.
+        if exercise:
+            from .stops import todo_of_line as placed
+            todo = placed(exercise, source, int(line))
+        if not todo:
+            todo = todo_of_line(source, int(line), todos())
         where = f"TODO {todo}" if todo else "a line outside the TODOs"
     else:
         concept = (labels_by_file or {}).get(file)
@@ -104,6 +110,40 @@ def judge(v, run, ranks, reference, source, todos, labels_by_file=None):
         where = f"TODO {todo}" if todo else f"the kit's {file}"
     what = "every rank calls every collective in the same order"
     why = f"the ranks parted at collective #{position}: {text}"
-    if todo:  # first among the rows: what follows in the run is a consequence of it
-        v.rows.insert(0, (todo, False, what, why))
+    if todo:  # first among its TODO's rows: what follows in the run is a consequence of it
+        v.add(todo, False, what, why, first=True)
     return f"{why} ({where}): {RULE}"
+
+
+def judge_tensors(v, run, reference, ranks, place, place_theirs):
+    """Each collective's tensor against the solution's run: the k-th collective a TODO's lines
+    make must have the shape and dtype of the k-th the solution's lines of that TODO make (a
+    Double where the solution has a Float doubles the bytes on the wire; another shape is another
+    result). Matched by TODO, not by position in the run, so that right code in another order is
+    not compared with the wrong call; a TODO that makes another number of collectives (values
+    packed otherwise) is left to the other judgments. place(site) / place_theirs(site) -> the TODO
+    label of a call site of the student's / the solution's run, or None."""
+    if reference is None or reference.ranks != ranks:
+        return
+    for r in range(ranks):
+        mine, theirs = {}, {}
+        for c in calls(run, r):
+            todo = place(c.get("site", ""))
+            if todo:
+                mine.setdefault(todo, []).append(c)
+        for c in calls(reference, r):
+            todo = place_theirs(c.get("site", ""))
+            if todo:
+                theirs.setdefault(todo, []).append(c)
+        for todo, made in mine.items():
+            want = theirs.get(todo, [])
+            if len(made) != len(want) and run.finished():
+                continue
+            for m, t in zip(made, want):
+                if (m.get("shape"), m.get("dtype")) == (t.get("shape"), t.get("dtype")):
+                    continue
+                v.add(todo, False, "each collective's tensor has the solution's shape and dtype",
+                      f"rank {r}'s {m.get('kind')} #{m.get('seq')} ({m.get('site')}) has a "
+                      f"{m.get('shape')} {m.get('dtype')} tensor where the solution's "
+                      f"{t.get('kind')} of this TODO has a {t.get('shape')} {t.get('dtype')} one")
+                return

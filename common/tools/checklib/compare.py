@@ -355,9 +355,9 @@ def judge_run(check, what, differs=""):
         v.add("all", False, what, "the run did not finish (see above)")
         return
     lead = f"{differs}; " if differs else ""
-    failed = v.failed()
-    if failed:  # what fails explains the rest: no need to trace it
-        v.add("all", False, what, f"{lead}fix TODO {failed[0]} first (its \u2718 is above)")
+    first = v.first_to_fix()
+    if first:  # what fails explains the rest: no need to trace it
+        v.add("all", False, what, f"{lead}fix TODO {first} first (its \u2718 is above)")
         return
     place = first_place(check)
     if place:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
-from . import collectives
+from . import collectives, stops
 from .build_errors import explain_build, not_judged_note, stages_json
 from .runs import Locked, Run, read
 from .verdicts import CROSS, Verdicts, record
@@ -37,6 +37,7 @@ class Check:
         self.source = args.source
         self.verdicts = Verdicts(getattr(rules, "LABELS", {}))
         self.alone = self.many = self.nodes = self.reference = self.data = None
+        self.flag_runs = {}  # name -> (the student's run, the solution's run) with FLAG_RUNS' flags
 
     def tool(self, name):
         """A program of the build (ddprun, make_corpus, ...): --<name> or --bin-dir/<name>."""
@@ -44,28 +45,70 @@ class Check:
         path = given or os.path.join(self.args.bin_dir or "", name)
         return os.path.abspath(path)
 
-    def launch(self, binary, name, ranks, layout, data, flags):
+    def launch(self, binary, name, ranks, layout, data, flags, env=None):
         return Run(os.path.join(self.workdir, name), ranks).launch(
-            binary, layout, data, self.tool("ddprun"), flags, getattr(self.rules, "RUN_ENV", None))
+            binary, layout, data, self.tool("ddprun"), flags,
+            dict(getattr(self.rules, "RUN_ENV", None) or {}, **(env or {})))
 
 
-def reference_run(check, directory, data):
-    """The solution's run. With --reference-dir it is made once and reused while the solution
-    binary and the flags stay the same (a lock keeps parallel checks from racing)."""
+def reference_run(check, directory, data, name="", flags=None, env=None):
+    """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`).
+    With --reference-dir it is made once and reused while the solution binary and the flags stay
+    the same (a lock keeps parallel checks from racing)."""
     rules, solution, ranks = check.rules, check.args.solution, check.ranks
+    flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
-    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, rules.RUN_FLAGS,
-                      rules.data_key()])
-    stamp = os.path.join(directory, "key.json")
-    run = Run(os.path.join(directory, f"solution{ranks}"), ranks)
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env])
+    stamp = os.path.join(directory, f"key{name}.json")
+    run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
         return run.load()
-    run.launch(solution, "node", data, check.tool("ddprun"), rules.RUN_FLAGS,
-               getattr(rules, "RUN_ENV", None))
+    run.launch(solution, "node", data, check.tool("ddprun"), flags,
+               dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
     if run.code == 0:
         with open(stamp, "w") as f:
             f.write(key)
     return run
+
+
+def program_solution(exercise):
+    """The solution's source of the exercise's program (its first C++ file), whose lines the
+    solution's run trace names."""
+    info = stages_json("info", exercise)
+    f = next((f for f in info.get("files", []) if f.get("lang", "cpp") == "cpp"), None)
+    return os.path.join(ROOT, f["solution"]) if f else None
+
+
+DEVICE_ENV = {"KIT_DEVICE_CHECK": "nccl"}
+DEVICE_WHAT = ("every collective is given tensors on the rank's device (NCCL's rule, checked on "
+               "this CPU with KIT_DEVICE_CHECK=nccl)")
+
+
+def device_check(check, data, explain):
+    """A tensor made on the host works with Gloo and stops the first GPU run: the student's build
+    runs once more on the kit's fake device (KIT_DEVICE_CHECK=nccl, common/kit/device_check.h),
+    where every collective refuses a tensor that is not on the rank's device, naming its call.
+    Judged only where the solution's run works there (LibTorch 2.13+, a model whose kernels the
+    fake device has: exercise 02's convolutions it has not)."""
+    a, v = check.args, check.verdicts
+    directory = a.reference_dir or check.workdir
+    if a.reference_dir:
+        with Locked(a.reference_dir):
+            theirs = reference_run(check, directory, data, "device", check.rules.RUN_FLAGS, DEVICE_ENV)
+    else:
+        theirs = reference_run(check, directory, data, "device", check.rules.RUN_FLAGS, DEVICE_ENV)
+    if not theirs.finished():
+        why = (theirs.failure() or "").split(". ")[0]
+        v.note("setup", "the device of each collective's tensors: the kit's device check "
+               f"(KIT_DEVICE_CHECK=nccl) cannot run the solution here: {why}")
+        return
+    mine = check.launch(a.binary, f"device{check.ranks}", check.ranks, "node", data,
+                        check.rules.RUN_FLAGS, DEVICE_ENV)
+    if mine.finished():
+        return
+    stop = explain(mine)
+    v.add(stop.todo or "run", False, DEVICE_WHAT,
+          stop.how + (f" ({stop.where})" if stop.where else ""))
 
 
 def solution_note(exercise):
@@ -126,39 +169,84 @@ def main(argv, doc):
     else:
         data = rules.prepare_data(check, workdir)
     check.data = data  # for rules that launch runs of their own (rules/ex03.py)
+    v = check.verdicts
+    labels_by_file = getattr(rules, "COLLECTIVE_FILES", {})
+    explain = lambda run: stops.explain(run, a.source, a.exercise, labels_by_file, v)  # noqa: E731
     check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
-    # Work after destroy_process_group() fails even alone; the judges name its TODO.
+    # Work after destroy_process_group() fails even alone; the judges name its TODO. Any other
+    # failure alone is placed in its TODO; the run on several ranks is still judged as far as it
+    # got (a root rank that exists on 2 ranks but not alone fails here only).
+    alone_stop = None
     if check.alone.failure() and not check.alone.events(0, "after_destroy"):
-        print(f"  {CROSS} the program does not run on its own: {check.alone.failure()}")
-        return 1
+        alone_stop = explain(check.alone)
+        print(f"  {CROSS} the program does not run on its own: {alone_stop.how}"
+              + (f" ({alone_stop.where})" if alone_stop.where else ""))
     check.many = check.launch(a.binary, f"ranks{ranks}", ranks, "node", data, rules.RUN_FLAGS)
-    if check.many.failure():
-        print(f"  {CROSS} the program fails on {ranks} ranks: {check.many.failure()}")
+    many_stop = explain(check.many) if check.many.failure() else None
+    if many_stop:
+        print(f"  {CROSS} the program fails on {ranks} ranks: {many_stop.how}"
+              + (f" ({many_stop.where})" if many_stop.where else ""))
     if check.reference is None:
         check.reference = reference_run(check, workdir, data)
     if check.reference.failure():
         print(f"  {CROSS} the solution itself fails: {check.reference.failure()}")
         return 1
+    if alone_stop and not many_stop:
+        v.add(alone_stop.todo or "run", False, "the program also runs alone (a world of 1)",
+              alone_stop.how + (f" ({alone_stop.where})" if alone_stop.where else ""))
+    elif alone_stop and not check.many.events(0, "setup") and not many_stop.todo:
+        print(f"  {CROSS} nothing more can be judged: the program stops before setup()")
+        return 1
     joined = all(check.many.events(r, "setup") for r in range(ranks))
     if joined and check.many.finished() and getattr(rules, "NODES_FLAGS", None) is not None:
         check.nodes = check.launch(a.binary, f"nodes{ranks}", ranks, "nodes", data,
                                    rules.NODES_FLAGS)
+    # The flags a TODO must honour, run with values other than RUN_FLAGS' (rules' FLAG_RUNS): a
+    # value hard-coded to the default, or one rule in place of another, shows only there.
+    if joined and check.many.finished():
+        for name, flags in getattr(rules, "FLAG_RUNS", {}).items():
+            mine = check.launch(a.binary, f"{name}{ranks}", ranks, "node", data, flags)
+            if a.reference_dir:
+                with Locked(a.reference_dir):
+                    theirs = reference_run(check, a.reference_dir, data, name, flags)
+            else:
+                theirs = reference_run(check, workdir, data, name, flags)
+            check.flag_runs[name] = (mine, theirs)
+    if joined and check.many.finished():
+        device_check(check, data, explain)
 
-    v = check.verdicts
     rules.judge(check)
     # A collective that not every rank called: named first, with its TODO and the rule, since
     # everything after it in the run is a consequence.
     parted = collectives.judge(v, check.many, ranks, check.reference, a.source,
                                lambda: stages_json("todos", a.exercise, "--json") or [],
-                               getattr(rules, "COLLECTIVE_FILES", {}))
+                               labels_by_file, a.exercise)
+    if not parted:
+        solution_source = program_solution(a.exercise)
+        collectives.judge_tensors(
+            v, check.many, check.reference, ranks,
+            lambda site: stops.place(site, a.source, a.exercise, labels_by_file, v)[0],
+            lambda site: stops.place(site, solution_source, a.exercise, labels_by_file, v)[0])
     if parted:
         print(f"  {CROSS} {parted}")
+    elif many_stop and many_stop.todo and not any(
+            check.many.events(r, "after_destroy") for r in range(ranks)):
+        # The run stopped at a line of a TODO: that TODO is where the run breaks, whatever the
+        # rows judged from the part before it say. (A kit call after destroy_process_group() is
+        # the destroy TODO's mistake wherever the refused call is: the judges name that TODO.)
+        v.add(many_stop.todo, False, f"the run on {ranks} ranks gets to its end",
+              f"{many_stop.how} ({many_stop.where})", first=True)
     v.print()
     note = not_judged_note(a.exercise)
     if note:
         print(note)
+    first = v.first_to_fix()
+    if first:  # the earliest TODO that failed on its own evidence, not a symptom of it
+        print(f"fix first: TODO {first}")
     print(f"passed: {','.join(v.passed()) or '-'}")
     print(f"failed: {','.join(v.failed()) or '-'}")
+    if v.not_reached():
+        print(f"not reached: {','.join(v.not_reached())}")
     if not v.failed():
         print(solution_note(a.exercise))
     if a.record:

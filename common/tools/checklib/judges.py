@@ -134,7 +134,9 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
         what = f"each rank reads its own part of the {name} split"
         uses[split] = False
         if not union:
-            rows.append((todo, False, what, f"no {name} batches were read"))
+            rows.append((todo, None if not run.finished() else False, what,
+                         "the run stopped before it" if not run.finished()
+                         else f"no {name} batches were read"))
             continue
         if ranks > 1 and len(shared) == len(union):
             rows.append((todo, False, what, f"all {ranks} ranks read all {len(union)} {name} "
@@ -152,6 +154,10 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
                 f"{never} by none): every rank must shuffle the same list the same way, so give "
                 "all ranks the same seed (args.seed, not a per-rank value)")
             rows.append((todo, True, what, ""))
+        elif full and union != full and not run.finished():
+            # A pass cut short by the stop: no evidence of whose sampler it reads through.
+            rows.append((todo, None, what, "the run stopped during it"))
+            continue
         elif full and union != full:
             own = False
             rows.append((todo, False, what, f"together the ranks read {len(union & full)} of the "
@@ -180,8 +186,11 @@ def check_samplers(v, run, ranks, reference, splits=SPLITS, unpadded=()):
               f"{len(splits)} ({', '.join(split for _, split, _ in splits)})")
     else:
         v.add("sampler", not sampler_problems, what4, "; ".join(sampler_problems))
-    for row in rows:
-        v.add(*row)
+    for todo, ok, what, why in rows:
+        if ok is None:
+            v.unreached(todo, what, why)
+        else:
+            v.add(todo, ok, what, why)
     return uses, sizes, train_shuffles
 
 
@@ -190,7 +199,10 @@ def check_ddp(v, run, ranks):
     fps = [{kv(f)["step"]: kv(f)["params"] for f in run.events(r, "forward")} for r in range(ranks)]
     steps = sorted(set.intersection(*(set(f) for f in fps)), key=int) if fps else []
     if not steps:
-        v.add("ddp", False, what, "no training step was traced")
+        if not run.finished():
+            v.unreached("ddp", what, "the run stopped before the first training step")
+        else:
+            v.add("ddp", False, what, "no training step was traced")
         return
     differ = [s for s in steps if len({f[s] for f in fps}) > 1]
     reduced = all(run.events(r, "ddp_step") for r in range(ranks))
@@ -205,7 +217,8 @@ def check_ddp(v, run, ranks):
         elif not reduced:
             why += "; the DistributedDataParallel object did not live through the training (a " \
                    "temporary?): give it a name, so it lives until the end of main()"
-        v.add("ddp", False, what, why)
+        v.add("ddp", False, what, why,
+              cause="no_sync" if not reduced and run.events(0, "ddp_no_sync") else None)
     elif not reduced:
         v.add("ddp", False, what, "the weights agree, but gradients were never averaged")
     else:
@@ -250,11 +263,11 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
     what = "a new shuffle in every epoch (set_epoch)"
     if not sampled:
         v.add("set_epoch", False, what, f"needs the training sampler first (TODOs {v.todo('sampler')} and "
-              f"{v.todo('loader-train')})")
+              f"{v.todo('loader-train')})", cause="sampler")
         return
     passes = max((epochs_of(run, r, "train") for r in range(ranks)), key=len)
     if len(passes) < 2:
-        v.add("set_epoch", False, what, "the run stopped before epoch 2 (see above)")
+        v.unreached("set_epoch", what, "the run stopped before epoch 2")
         return
     n = min(len(passes[0]), len(passes[1]))
     if passes[0][:n] != passes[1][:n]:
@@ -263,7 +276,7 @@ def check_set_epoch(v, run, ranks, sampled, train_size, rules, shuffles=True):
     if not shuffles:
         v.add("set_epoch", False, what, "epoch 2 read the training samples in exactly the order "
               f"of epoch 1: the training sampler does not shuffle (TODO {v.todo('sampler')}), so "
-              "no epoch can differ")
+              "no epoch can differ", cause="sampler")
         return
     # The order did not change. Was the training sampler told each epoch before its batches?
     events = run.traces[0]
@@ -313,7 +326,10 @@ def check_all_reduce(v, run, ranks, rules):
     what = getattr(rules, "ALL_REDUCE_WHAT", "reported losses are averaged over all ranks")
     reports = [reported(run, r, rules) for r in range(ranks)]
     if not reports[0][0] or not reports[0][1]:
-        v.add("all_reduce", False, what, "rank 0 reported no loss lines")
+        if run.finished():
+            v.add("all_reduce", False, what, "rank 0 reported no loss lines")
+        elif not reports[0][0] and not reports[0][1]:
+            v.unreached("all_reduce", what, "the run stopped before the first reported loss")
         return
     for r in range(1, ranks):
         rep = reports[r]
@@ -376,7 +392,10 @@ def check_print0(v, run, ranks, rules):
     if noisy:
         v.add("print0", False, what, f"rank {noisy[0]} printed loss lines too, so the job output "
               f"has every line {ranks} times")
-    elif not rules.LOSS_LINE.search(run.logs[0]) or not rules.TEST_LINE.search(run.logs[0]):
+    elif not run.finished() and not rules.LOSS_LINE.search(run.logs[0]):
+        v.unreached("print0", what, "the run stopped before the first loss line")
+    elif not rules.LOSS_LINE.search(run.logs[0]) or not rules.TEST_LINE.search(run.logs[0]) and \
+            run.finished():
         v.add("print0", False, what, "rank 0 printed no loss lines")
     else:
         v.add("print0", True, what)
@@ -400,6 +419,10 @@ def check_save0(v, run, ranks, rules):
     count = {r: {n: sum(1 for f in calls[r] if os.path.basename(f.split()[0]) == n) for n in names}
              for r in range(ranks)}
     pid_rank = run.pids()
+    if not run.finished() and not any(calls.values()) and not any(
+            run.writes(n) or os.path.isfile(os.path.join(run.out_dir, n)) for n in names):
+        v.unreached("save0", what, "the run stopped before the first checkpoint")
+        return
     problems, unsaved, missing = [], [], []
     for name in names:
         exists = os.path.isfile(os.path.join(run.out_dir, name))
@@ -460,9 +483,10 @@ def check_destroy(v, run, ranks):
     elif run.finished() and any("group_alive=1" in e[-1] for e in exits if e):
         v.add("destroy", False, what, "the process group was still alive when the program ended")
     elif not run.finished() and not destroyed:
-        v.add("destroy", False, what, "the run stopped before the end (see above)")
+        v.unreached("destroy", what, "the run stopped before the end")
     elif not all(exits) and run.finished():
-        v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})")
+        v.add("destroy", False, what, f"needs setup() first (TODO {v.todo('setup')})",
+              cause="setup")
     else:
         v.add("destroy", True, what)
 
@@ -472,14 +496,43 @@ def final_test_loss(run, rules):
     return tests[-1] if tests else None
 
 
-def check_eval_model(v, run, ranks):
+def before_evaluations(run, rank):
+    """For each evaluation of `rank`: (the buffers' sum it evaluates with, the last training
+    forward before it as (params, buffers), the loss of the last step before it)."""
+    out, forward, loss = [], None, None
+    for kind, fields in run.traces[rank]:
+        f = kv(fields)
+        if kind == "forward":
+            forward = (f.get("params"), f.get("buffers"))
+        elif kind == "step":
+            loss = f.get("loss")
+        elif kind == "evaluate":
+            out.append((f.get("buffers"), forward, loss))
+    return out
+
+
+def close_sums(a, b, rel=1e-9):
+    try:
+        return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def check_eval_model(v, run, ranks, reference=None):
     """Every evaluation's first forward records the sum of the model's buffers (batch norm's
-    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it."""
+    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it. And
+    the state is compared with the solution's run, not only across ranks: where the last training
+    forward before an evaluation had the solution's weights and statistics and its step the same
+    loss, the statistics evaluated with must be the solution's too (combined across the ranks the
+    same way: a SUM, or rank 0's copy, agrees across ranks and is still wrong)."""
     what = "every rank evaluates, and rank 0 saves, the same batch-norm statistics"
     sums = [[kv(f).get("buffers") for f in run.events(r, "evaluate")] for r in range(ranks)]
     n = min(len(s) for s in sums)
     if n == 0:
-        v.add("bn_stats", False, what, "no evaluation was traced")
+        if run.finished():
+            v.add("bn_stats", False, what, "no evaluation was traced")
+        else:
+            v.unreached("bn_stats", what, "the run stopped before the first evaluation")
         return
     for k in range(n):
         if len({sums[r][k] for r in range(ranks)}) > 1:
@@ -492,6 +545,30 @@ def check_eval_model(v, run, ranks):
                   "another model and rank 0 saves only its own; average them over the ranks "
                   "before evaluating")
             return
+    if reference is None or reference.ranks != ranks:
+        v.add("bn_stats", True, what)
+        return
+    mine = [before_evaluations(run, r) for r in range(ranks)]
+    theirs = [before_evaluations(reference, r) for r in range(ranks)]
+    for k in range(min(len(x) for x in mine + theirs)):
+        # Every rank's last training forward (weights, statistics) and step loss before this
+        # evaluation must be the solution's: otherwise the training already differs, and what
+        # follows is not this TODO's to judge.
+        if any(m[k][1] is None or t[k][1] is None or m[k][2] != t[k][2] or not all(
+                close_sums(a, b) for a, b in zip(m[k][1], t[k][1]))
+               for m, t in zip(mine, theirs)):
+            break
+        got, want = mine[0][k][0], theirs[0][k][0]
+        if not close_sums(got, want, 1e-6):
+            ratio = float(got) / float(want) if float(want or 0) else float("nan")
+            why = (f"at evaluation {k + 1} every rank holds the same running statistics, but not "
+                   f"the solution's (their sum {float(got):.6g}, the solution's "
+                   f"{float(want):.6g}), although training ended with the solution's weights and "
+                   "statistics: they were combined across the ranks another way than averaged")
+            if math.isclose(ratio, ranks, rel_tol=0.05):
+                why += f" ({ratio:.3g} x the solution's: summed, not averaged; ReduceOp::AVG)"
+            v.add("bn_stats", False, what, why)
+            return
     v.add("bn_stats", True, what)
 
 
@@ -500,7 +577,8 @@ def check_no_sync(v, run, ranks, accum):
     steps (kit::Metrics' step events) and the micro-batches (the model's training forwards)."""
     what = f"one gradient all-reduce per step, after the last of its {accum} micro-batches (no_sync)"
     if not any(run.events(r, "ddp") for r in range(ranks)):
-        v.add("no_sync", False, what, f"needs DistributedDataParallel (TODO {v.todo('ddp')})")
+        v.add("no_sync", False, what, f"needs DistributedDataParallel (TODO {v.todo('ddp')})",
+              cause="ddp")
         return
     steps = len(run.events(0, "step"))
     reduced = len(run.events(0, "ddp_step"))
@@ -548,12 +626,14 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
         return
     if not math.isclose(mine[0], theirs[0], rel_tol=1e-12) or batches(run) != batches(reference):
         v.add("lr", False, what, "not judged: the first step starts from other weights or "
-              f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})")
+              f"another batch than the solution's (TODOs {v.todo('setup')}-{v.todo('loader-train')})",
+              cause="setup")
         return
     others = [first_update(run, r, accum) for r in range(1, run.ranks)]
     if any(o is None or o[1] != mine[1] for o in others):
         v.add("lr", False, what, "not judged: the ranks made different first updates, so the "
-              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})")
+              f"gradients were not averaged (TODOs {v.todo('ddp')} and {v.todo('no_sync')})",
+              cause="ddp")
         return
     ratio = mine[1] / theirs[1] if theirs[1] else float("nan")
     if math.isclose(ratio, 1.0, rel_tol=1e-3):
@@ -565,3 +645,32 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
     elif math.isclose(ratio, 2.0, rel_tol=0.02):
         why += ": it was scaled twice"
     v.add("lr", False, what, why)
+
+
+def with_flags(v, check, judgments):
+    """Judges each run of the rules' FLAG_RUNS (check.flag_runs) as the main run was judged, by
+    `judgments(scratch verdicts, run, the solution's run, name)`; a concept that passed on the
+    main run but fails there gets that ✘ in its place, naming the flags. A TODO that hard-codes
+    the value of RUN_FLAGS (2 micro-batches, the linear rule) passes the one and not the other."""
+    for name, (mine, theirs) in check.flag_runs.items():
+        flags = " ".join(check.rules.FLAG_RUNS[name])
+        scratch = type(v)(v.labels)
+        if not mine.finished():
+            stop = mine.failure()
+            scratch.add(getattr(check.rules, "FLAG_RUNS_TODO", {}).get(name, "all"), False,
+                        "the run with other flags gets to its end", stop)
+        else:
+            judgments(scratch, mine, theirs, name)
+        for i, (todo, ok, what, why) in enumerate(scratch.rows):
+            if ok is not False:
+                continue
+            here = [k for k, row in enumerate(v.rows) if row[0] == todo]
+            if any(v.rows[k][1] is False for k in here):
+                continue  # the main run already fails it: one reason is enough
+            row = (todo, False, what, f"with {flags}: {why}")
+            if here:
+                v.rows[here[0]] = row
+            else:
+                v.rows.append(row)
+            if i in scratch.causes:
+                v.causes[here[0] if here else len(v.rows) - 1] = scratch.causes[i]

@@ -12,7 +12,13 @@ exercise's info.toml target ("ex01"). A rules module defines
   judge(check)   adds one verdict per TODO to check.verdicts, from check.many, check.nodes,
                  check.alone and check.reference (checklib/engine.py)
 
-and may define, for the closing comparison with the solution's run (checklib/compare.py,
+and may define
+
+  FLAG_RUNS      name -> flags: more runs of the student's build and the solution's with values
+                 of the flags its TODOs must honour other than RUN_FLAGS' (check.flag_runs[name]
+                 = (mine, the solution's)), so that a hard-coded default does not pass
+
+and, for the closing comparison with the solution's run (checklib/compare.py,
 judge_run()):
 
   PLACES         name -> (a piece of a solution line, what it is): the trainer lines that a

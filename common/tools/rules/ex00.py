@@ -148,8 +148,17 @@ def check_results(v, run, ranks):
                                  ("reduce_scatter", ["reduce_scatter"], "reduce_scatter")):
         what = f"every rank's {kind} result is right"
         wrong = [wrong_value(run, r, ranks, name) for r in range(ranks) for name in names]
+        printed = [bool(results(run.logs.get(r, "")).get(name)) for r in range(ranks)
+                   for name in names]
+        if not run.finished() and not all(printed) and not any(
+                w for w, p in zip(wrong, printed) if p):
+            # No result to judge: the run stopped before it (the first ✘ says where).
+            v.unreached(concept, what, "the run stopped before it")
+            continue
         # Wrong numbers first (rank 0's broadcast is right even without one); then the trace.
-        why = next((w for w in wrong if w), "") or next(
+        # A wrong number a rank printed says more than one a stopped rank did not print.
+        why = next((w for w, p in zip(wrong, printed) if w and p), "") or \
+            next((w for w in wrong if w), "") or next(
             (f"rank {r} has the right numbers, but never called kit::{kind}"
              for r in range(ranks) if kind not in collective_kinds(run, r)), "")
         v.add(concept, not why, what, why)
@@ -184,6 +193,9 @@ def check_barrier(v, run, ranks):
     what = "every rank waits at the barrier until all have arrived"
     entered = [r for r in range(ranks) if "barrier" in collective_kinds(run, r)]
     seen = {r: BARRIER.findall(run.logs.get(r, "")) for r in range(ranks)}
+    if not run.finished() and not entered and not any(seen.values()):
+        v.unreached("barrier", what, "the run stopped before it")
+        return
     why = ""
     for r in (r for r in range(ranks) if r not in entered):
         why = f"rank {r} never entered kit::barrier()"
@@ -214,7 +226,7 @@ def judge(check):
         for concept in ("whoami", "broadcast", "all_reduce", "all_gather", "reduce_scatter",
                         "barrier"):
             v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1, and "
-                  "every collective is trivial")
+                  "every collective is trivial", cause="setup")
     # Everything together, against the solution's run on the same ranks.
     mine = [results(many.logs.get(r, "")) for r in range(ranks)]
     theirs = [results(check.reference.logs.get(r, "")) for r in range(ranks)]

@@ -6,7 +6,9 @@ import subprocess
 
 from checklib import compare, judges
 
-# Small and quick: the checks look at behaviour, not at model quality.
+# Small and quick: the checks look at behaviour, not at model quality. Every flag a TODO reads
+# differs from its default (kit/args.h: --seed 42, --batch-size 16, --eval-batch-size 32), so a
+# TODO that hard-codes a default does not pass (mutant sampler-seed-42).
 RUN_FLAGS = ["--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
              "--d-model", "32", "--heads", "2", "--layers", "1", "--feedforward", "64",
              "--dropout", "0", "--seed", "7"]
@@ -65,7 +67,7 @@ def judge(check):
     else:
         for concept in ("sampler", "loader-train", "loader-valid", "loader-test", "ddp",
                         "set_epoch"):
-            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1")
+            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1", cause="setup")
     judges.check_all_reduce(v, many, ranks, check.rules)
     judges.check_print0(v, many, ranks, check.rules)
     judges.check_save0(v, many, ranks, check.rules)

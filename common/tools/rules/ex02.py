@@ -14,6 +14,23 @@ RUN_FLAGS = ["--epochs", str(EPOCHS), "--batch-size", "16", "--accum-steps", str
              "--eval-batch-size", "50", "--width", "4", "--blocks", "1", "--lr", "0.05",
              "--lr-scaling", "linear", "--seed", "7"]
 RULE_TEXT = "--lr-scaling linear (2 x --lr on 2 ranks)"
+# The flags TODOs 14 and 15 must honour, with values other than RUN_FLAGS' (checklib/engine.py
+# runs the student's build and the solution's with each): 3 micro-batches (a guard written for 2
+# passes RUN_FLAGS), the sqrt rule on a per-rank --batch-size of 12 (sqrt(2) x --lr: the linear
+# rule, no rule or the per-rank batch each give another rate), --lr and warm-up other than the
+# defaults; then a --global-batch of 36 (18 per rank; --batch-size keeps its default of 32, so
+# args.batch_size in place of the global batch shows).
+COMMON_FLAGS = ["--epochs", "1", "--max-steps", "2", "--eval-batch-size", "50", "--width", "4",
+                "--blocks", "1", "--lr", "0.08", "--seed", "7"]
+FLAG_RUNS = {
+    "sqrt3": COMMON_FLAGS + ["--batch-size", "12", "--accum-steps", "3", "--lr-scaling", "sqrt",
+                             "--warmup-steps", "2"],
+    "global36": COMMON_FLAGS + ["--global-batch", "36", "--accum-steps", "3", "--lr-scaling",
+                                "linear"],
+}
+FLAG_RULES = {"sqrt3": "--lr-scaling sqrt with --batch-size 12 on 2 ranks (sqrt(2) x --lr)",
+              "global36": "--lr-scaling linear with --global-batch 36 (--lr as given: the "
+                          "global batch is the base)"}
 NODES_FLAGS = list(RUN_FLAGS) + ["--max-steps", "2"]
 NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
 # 61 test images, odd: on 2 ranks a padding sampler would read one twice (TODO 4).
@@ -67,12 +84,17 @@ def judge(check):
         judges.check_ddp_forward(v, many, ranks)  # batch norm's buffers: ddp.forward, TODO 7 too
         judges.check_set_epoch(v, many, ranks, uses.get("train"), sizes.get("train"), check.rules,
                                shuffles)
-        judges.check_eval_model(v, many, ranks)
+        judges.check_eval_model(v, many, ranks, check.reference)
         judges.check_lr_scaling(v, many, check.reference, ACCUM, RULE_TEXT)
+
+        def again(scratch, run, reference, name):
+            judges.check_no_sync(scratch, run, ranks, 3)
+            judges.check_lr_scaling(scratch, run, reference, 3, FLAG_RULES[name])
+        judges.with_flags(v, check, again)
     else:
         for concept in ("sampler", "loader-train", "loader-test", "no_sync", "ddp", "set_epoch",
                         "bn_stats", "lr"):
-            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1")
+            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1", cause="setup")
     judges.check_all_reduce(v, many, ranks, check.rules)
     judges.check_print0(v, many, ranks, check.rules)
     judges.check_save0(v, many, ranks, check.rules)

@@ -75,7 +75,7 @@ MUTANTS = [
       ('kit::save0(model, args.out_dir + "/model-final.pt");',
        'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
      []),
-    ("eval-all-reduce-rank0-only", "run", "10", "the evaluation's all_reduce inside `if (rank "
+    ("eval-all-reduce-rank0-only", "stops", "10", "the evaluation's all_reduce inside `if (rank "
      "== 0)`: the other ranks never join it, and the run hangs until the collective timeout",
      [(SUM_EVAL, "if (kit::get_rank() == 0) " + SUM_EVAL)], ["7", "9", "11", "13"]),
     # Correct rewrites in one program (one build less): the TODO checks and the comparison with
@@ -133,4 +133,31 @@ MUTANTS += [
     ("print-changed", "diverges", "11", "the epoch line prints 'ppl' for 'perplexity'",
      [("validation loss %.5f (perplexity %.2f)\\n\", epoch + 1",
        "validation loss %.5f (ppl %.2f)\\n\", epoch + 1")], ["(ppl ", "(perplexity "]),
+]
+
+# Written from the TODO text: a flag's default hard-coded, a hang in the training mean's
+# all-reduce, and correct rewrites.
+MUTANTS += [
+    ("sampler-seed-42", "diverges", "4", "the training sampler seeded with 42, --seed's default, "
+     "in place of args.seed: alike on every rank, but not the seed the run asked for",
+     [("train_sampler(train_data, /*shuffle=*/true, args.seed);",
+       "train_sampler(train_data, /*shuffle=*/true, 42);")], ["with seed 42", "with seed 7"]),
+    ("train-mean-rank0-only", "stops", "10", "the training mean's all_reduce inside `if (rank == "
+     "0)`: rank 0 waits in it, the other ranks go on to the epoch's report (a collective of "
+     "kit::Metrics)",
+     [(AVG_TRAIN, "if (kit::get_rank() == 0) " + AVG_TRAIN)], ["6", "7", "9", "11", "12", "13"]),
+    ("optimizer-before-ddp", "equivalent", "8", "the optimizer made before the wrapper (it holds "
+     "the same parameters either way) (correct: must pass)",
+     [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n"
+       "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n",
+       "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n"
+       "  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n")],
+     []),
+]
+
+MUTANTS += [
+    ("train-mean-on-host", "run", "10", "the training mean copied into a new host tensor "
+     "(torch::tensor(mean.item<float>())) before its all_reduce: Gloo takes it, NCCL on a GPU "
+     "refuses it",
+     [(AVG_TRAIN, "mean = torch::tensor(mean.item<float>());\n  " + AVG_TRAIN)], []),
 ]

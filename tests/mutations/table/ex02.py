@@ -48,3 +48,56 @@ MUTANTS = [
      "the gradients are never averaged",
      [("        if (k + 1 < micro) {", "        if (k < micro) {")], ["7", "14"]),
 ]
+
+# Written from the TODO text. Flags (FLAG_RUNS of common/tools/rules/ex02.py run 3 micro-batches,
+# the sqrt rule, --lr 0.08 and a --global-batch): each passes the default run and fails there.
+BN = "    for (auto stat : kit::running_statistics(*model)) kit::all_reduce(stat, kit::ReduceOp::AVG);\n"
+EVAL = "    auto [loss, accuracy] = evaluate(model, test_loader, device);\n"
+MUTANTS += [
+    ("no-sync-first-only", "run", "15", "only the first micro-batch inside no_sync() (`if (k == "
+     "0)`): right for 2 micro-batches, one all-reduce too many for 3",
+     [("        if (k + 1 < micro) {", "        if (k == 0) {")], []),
+    ("lr-rule-linear", "run", "14", "the linear rule written in place of --lr-scaling's",
+     [(SCALE, SCALE.replace("args.lr_scaling", "kit::LrScaling::linear"))], []),
+    ("lr-batch-size-flag", "run", "14", "args.batch_size x world_size as the global batch: "
+     "right with --batch-size, not with --global-batch",
+     [(SCALE, SCALE.replace("batch * world_size", "args.batch_size * world_size"))], []),
+    ("lr-hard-coded", "run", "14", "the rate 0.05 (--lr's default) written in place of args.lr",
+     [(SCALE, SCALE.replace("(args.lr,", "(0.05,"))], []),
+    # Buffers: every rank agrees, on the wrong statistics; only the solution's run shows it.
+    ("bn-stats-sum", "run", "13", "the running statistics all-reduced with SUM: every rank holds "
+     "the same, twice their mean",
+     [(BN, BN.replace("ReduceOp::AVG", "ReduceOp::SUM"))], []),
+    ("bn-stats-rank0", "run", "13", "rank 0's running statistics broadcast to every rank in "
+     "place of their average",
+     [(BN, "    for (auto stat : kit::running_statistics(*model)) kit::broadcast(stat, 0);\n")],
+     []),
+    # Order.
+    ("bn-stats-after-eval", "run", "13", "the statistics averaged after the evaluation (right "
+     "code, wrong place): each rank evaluates its own",
+     [(BN, ""), (EVAL, EVAL + BN)], []),
+    ("set-epoch-after-loop", "run", "8", "set_epoch() after the epoch's training (right code, "
+     "wrong place): epoch 2 reads the order of epoch 1",
+     [("    train_sampler.set_epoch(epoch);\n", ""),
+      ("    metrics.end_epoch(epoch);\n", "    metrics.end_epoch(epoch);\n    train_sampler.set_epoch(epoch);\n")],
+     []),
+    # Stopped runs.
+    ("bn-stats-rank0-only", "stops", "13", "the running statistics averaged inside `if (rank == "
+     "0)`: rank 0 waits in an all-reduce the other ranks never make",
+     [(BN, "    if (kit::get_rank() == 0)\n  " + BN)], ["6", "8", "9", "10", "11", "12"]),
+    ("destroy-before-final-save", "stops", "12", "destroy_process_group() before the final "
+     "save0 (right code, wrong place): the kit refuses the save",
+     [("  kit::destroy_process_group();\n", ""),
+      ('kit::save0(model, args.out_dir + "/model-final.pt");',
+       'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
+     []),
+    # Correct rewrites.
+    ("no-sync-other-guard", "equivalent", "15", "the guard written the other way round (the "
+     "last micro-batch first in the if) and the average as SUM then divided (correct: must pass)",
+     [("        if (k + 1 < micro) {\n          auto quiet = ddp.no_sync();  // only adds to this rank's .grad\n"
+       "          loss.backward();\n        } else {\n          loss.backward();  // the step's one all-reduce, of the accumulated gradients\n        }",
+       "        if (k == micro - 1) {\n          loss.backward();\n        } else {\n"
+       "          auto quiet = ddp.no_sync();\n          loss.backward();\n        }"),
+      ("    kit::all_reduce(train_loss, kit::ReduceOp::AVG);",
+       "    kit::all_reduce(train_loss, kit::ReduceOp::SUM);\n    train_loss /= world_size;")], []),
+]

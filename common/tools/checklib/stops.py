@@ -1,0 +1,153 @@
+"""A run that stopped before its end: how it stopped (a crash by a signal, an error the program
+reported, a hang) and where, placed in the student's file and in its TODO.
+
+The place is taken from evidence the run left, never guessed: the call site the kit's own error
+names ("broadcast #1 (collectives.cpp:48)", common/kit/process_group.cpp), else the last
+collective the rank entered (the run trace's "coll ... site=file:line"). A site in a kit file
+that the rules map to a concept (ddp.cpp: DDP's TODO) names that TODO. The line of the
+student's file is placed in its TODO through the annotated source (every line of the exercise
+has a place between the common lines: build_errors.todo_at), then by its text.
+"""
+import os
+import re
+import signal
+from collections import namedtuple
+
+from . import collectives
+from .runs import kv
+
+# What each signal a trainer dies of usually means, in a student's words.
+MEANING = {
+    "SIGSEGV": "a segmentation fault: the program touched memory that is not its own (a "
+               "reference or pointer to something already destroyed, an index out of range)",
+    "SIGBUS": "a bus error: a bad memory access (often a file mapped and then truncated)",
+    "SIGABRT": "an abort: std::terminate after an exception nothing caught, or a failed assertion",
+    "SIGFPE": "an arithmetic error (an integer divided by zero)",
+    "SIGKILL": "killed from outside (the out-of-memory killer, or a time limit)",
+    "SIGILL": "an illegal instruction",
+}
+SITE = re.compile(r"\(([A-Za-z0-9_.+-]+\.(?:cpp|h|cc|hpp)):(\d+)\)")
+ERROR = re.compile(r"error|what\(\)|terminate|abort|timed out|exception|refused|invalid", re.I)
+
+# rank: the rank that stopped first (None: unknown); how: one sentence; site: "file.cpp:N" or
+# ""; todo: the TODO label of the site, or None; where: "TODO 4" / "line 12 of collectives.cpp,
+# outside the TODOs" / "" (nothing to place it by).
+Stop = namedtuple("Stop", "rank how site todo where")
+
+
+def killed_by(run):
+    """(rank, signal name) of a rank a signal killed, or None. A process run alone reports a
+    negative status; ddprun says "rank R (pid P) died: killed by signal N (SIGSEGV)" and exits
+    128+N; the one-rank-per-node launcher reports the rank's negative status."""
+    text = run.stderr + run.stdout
+    m = re.search(r"rank (\d+) \(pid \d+\) died: killed by signal (\d+)", text)
+    if m:
+        return int(m.group(1)), name_of(int(m.group(2)))
+    m = re.search(r"rank (\d+) exited with status -(\d+)", text)
+    if m:
+        return int(m.group(1)), name_of(int(m.group(2)))
+    if run.code is not None and run.code < 0 and run.code != -1:  # -1: the check's own timeout
+        return (0 if run.ranks == 1 else None), name_of(-run.code)
+    return None
+
+
+def name_of(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def error_line(run, rank):
+    """The rank's last line that reports an error, or ""."""
+    lines = [l.strip() for l in run.logs.get(rank, "").splitlines() if l.strip()]
+    return next((l for l in reversed(lines) if ERROR.search(l)), "")
+
+
+def last_site(run, rank):
+    calls = [kv(f) for f in run.events(rank, "coll")]
+    return calls[-1].get("site", "") if calls else ""
+
+
+def place(site, source, exercise, labels, verdicts):
+    """(todo, where) of a call site."""
+    file, _, line = site.partition(":")
+    if not site or not line.isdigit():
+        return None, ""
+    if source and file == os.path.basename(source):
+        todo = todo_of_line(exercise, source, int(line))
+        return todo, (f"TODO {todo}, line {line} of {file}" if todo
+                      else f"line {line} of {file}, outside the TODOs")
+    concept = labels.get(file)
+    if concept:
+        todo = verdicts.todo(concept)
+        return todo, f"TODO {todo} (the kit's {file}, called on its behalf)"
+    return None, f"inside the kit ({file}:{line})"
+
+
+PLACED = {}  # (exercise, source, its size and time, line) -> TODO label: a run has many calls
+
+
+def todo_of_line(exercise, source, line):
+    """The TODO of the student's line: its place among the annotated source's common lines,
+    else the TODO whose solution code the line's text is."""
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    key = (exercise, source, st.st_size, st.st_mtime_ns, line)
+    if key not in PLACED:
+        PLACED[key] = placed_line(exercise, source, line)
+    return PLACED[key]
+
+
+def placed_line(exercise, source, line):
+    from .build_errors import annotated_parts, stages_json, todo_at
+    try:
+        with open(source, errors="replace") as f:
+            lines = f.read().splitlines()
+        block = todo_at(annotated_parts(exercise, source), lines, line)
+        if block is not None:
+            return block["label"]
+        return collectives.todo_of_line(source, line, stages_json("todos", exercise, "--json"))
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def explain(run, source, exercise, labels, verdicts):
+    """How and where `run` stopped, or None when it did not fail."""
+    if run.code == 0:
+        return None
+    crash = killed_by(run)
+    ranks = range(run.ranks)
+    rank = crash[0] if crash else next((r for r in ranks if error_line(run, r)), None)
+    line = error_line(run, rank) if rank is not None else ""
+    if crash:
+        sig = crash[1]
+        who = f"rank {rank}" if rank is not None and run.ranks > 1 else "the program"
+        how = f"{who} crashed with {sig}, {MEANING.get(sig, 'a signal')}"
+    elif "timed out" in run.stderr and not line:
+        how = "the run timed out"
+    else:
+        how = f"rank {rank}: {line}" if rank is not None and run.ranks > 1 and line and \
+            not line.startswith(f"rank {rank}") else (line or run.failure() or "it failed")
+    # The site: the one the error names, else the last collective the rank entered (a crash
+    # names none; the kit cannot see the faulting instruction, so that is said as what it is).
+    m = SITE.search(line) if line else None
+    site, evidence = (f"{m.group(1)}:{m.group(2)}", "named") if m else ("", "")
+    if not site and rank is not None:
+        site, evidence = last_site(run, rank), "last"
+    todo, where = place(site, source, exercise, labels, verdicts)
+    if any(run.events(r, "after_destroy") for r in ranks):
+        # The refused call is where the run stopped, not the mistake: destroy_process_group()
+        # came too early, and the judges name its TODO.
+        label = verdicts.todo("destroy")
+        return Stop(rank, how + "; a kit call after destroy_process_group()", site, None,
+                    f"see TODO {label}" if label != "destroy" else "")
+    if where and evidence == "last" and crash:
+        how += f"; its last kit call was the collective at {where}"
+        where = ""  # not the crash's own line: no TODO is blamed on it alone
+        todo = None
+    elif where and evidence == "last":
+        where = f"its last collective: {where}"
+    return Stop(rank, how, site, todo, where)

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""The check's engine without a build: how a stopped run is told (common/tools/checklib/stops.py)
+and how the verdicts are shown (checklib/verdicts.py), on runs made up here.
+
+  * a rank killed by a signal is named a crash, with the signal and what it usually means,
+    never as the last line the program printed;
+  * the kit's error names its call site; a line of the student's own writing in a TODO's place
+    is placed in that TODO through the annotated source (not "a line outside the TODOs");
+  * a site in a kit file the rules map to a TODO (ddp.cpp: DDP's) names that TODO;
+  * a call the kit refused after destroy_process_group() is not blamed on the refused line;
+  * rows print in TODO order, each TODO once in the summary, "not reached" apart; the TODO to
+    fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it.
+
+usage: test_stops.py    (exit 1 on the first failure, with what was expected)
+"""
+import io
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "common", "tools"))
+
+from checklib import stops  # noqa: E402
+from checklib.verdicts import Verdicts  # noqa: E402
+
+EX = "00-collectives"
+FAILED = []
+
+
+def expect(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        FAILED.append(what)
+
+
+class FakeRun:
+    """What stops.explain reads of a Run: exit code, launcher output, rank logs and traces."""
+
+    def __init__(self, code, ranks=2, stderr="", logs=None, traces=None):
+        self.code, self.ranks, self.stderr, self.stdout = code, ranks, stderr, ""
+        self.logs = logs or {}
+        self.traces = traces or {r: [] for r in range(ranks)}
+
+    def events(self, rank, kind):
+        return [f for k, f in self.traces.get(rank, []) if k == kind]
+
+    def failure(self):
+        return None if self.code == 0 else f"exit code {self.code}"
+
+
+def student_file(edit=None):
+    """The solution of exercise 00 as a student's file, with one line replaced."""
+    text = open(os.path.join(ROOT, "solutions", EX, "collectives.cpp")).read()
+    if edit:
+        assert text.count(edit[0]) == 1, edit[0]
+        text = text.replace(*edit)
+    # Named as the kit's CallSite names it, by its base name; a folder of its own per run.
+    path = os.path.join(tempfile.mkdtemp(prefix="kit-test-stops-"), "collectives.cpp")
+    with open(path, "w") as f:
+        f.write(text)
+    return path, text
+
+
+def line_of(text, piece):
+    return next(n for n, l in enumerate(text.splitlines(), 1) if piece in l)
+
+
+def test_crash():
+    run = FakeRun(139, stderr="ddprun: rank 1 (pid 4242) died: killed by signal 11 (SIGSEGV); "
+                  "stopping the other 1 rank\n",
+                  logs={0: "rank 0: all_reduce SUM 3 6 9\n", 1: "[1/2] train loss 2.5\n"})
+    stop = stops.explain(run, None, EX, {}, Verdicts())
+    expect("crashed with SIGSEGV" in stop.how and "segmentation fault" in stop.how and
+           stop.rank == 1 and "train loss" not in stop.how,
+           f"a rank killed by SIGSEGV is named a crash with its signal ({stop.how})")
+    alone = FakeRun(-6, ranks=1, logs={0: "something\n"})
+    stop = stops.explain(alone, None, EX, {}, Verdicts())
+    expect("SIGABRT" in stop.how, f"a process alone killed by SIGABRT says so ({stop.how})")
+
+
+def test_site_in_todo():
+    # The student's own broadcast line: not the solution's text, but in TODO 4's place.
+    path, text = student_file(("kit::broadcast(shared, /*root=*/0);",
+                               "if (rank == 0) kit::broadcast(shared, 2);"))
+    n = line_of(text, "kit::broadcast(shared, 2)")
+    run = FakeRun(1, logs={0: f"rank 0: error: rank 0: broadcast #1 (collectives.cpp:{n}) failed: "
+                           "ProcessGroupGloo::broadcast: invalid root rank: 2\n"})
+    stop = stops.explain(run, path, EX, {}, Verdicts())
+    expect(stop.todo == "4" and f"line {n}" in stop.where,
+           f"a rewritten line of TODO 4 is placed in TODO 4 ({stop.todo}, {stop.where})")
+    outside = line_of(text, "show(rank, \"mine\", mine);")
+    run = FakeRun(1, logs={0: f"rank 0: error: all_reduce #1 (collectives.cpp:{outside}) failed\n"})
+    stop = stops.explain(run, path, EX, {}, Verdicts())
+    expect(stop.todo is None and "outside the TODOs" in stop.where,
+           f"a line outside every TODO is said to be outside ({stop.where})")
+
+
+def test_kit_file_and_destroy():
+    v = Verdicts({"ddp": "8", "destroy": "13"})
+    run = FakeRun(1, logs={1: "rank 1: error: all_reduce #40 (ddp.cpp:312) timed out after 30 s\n"})
+    stop = stops.explain(run, None, "01-transformer-lm-ddp", {"ddp.cpp": "ddp"}, v)
+    expect(stop.todo == "8", f"a site in ddp.cpp names DDP's TODO ({stop.todo}, {stop.where})")
+    late = FakeRun(1, logs={0: "rank 0: error: rank 0: save0 (train.cpp:144) after "
+                            "destroy_process_group(): the process group is closed\n"},
+                   traces={0: [("after_destroy", "save0 site=train.cpp:144")], 1: []})
+    stop = stops.explain(late, None, "01-transformer-lm-ddp", {}, v)
+    expect(stop.todo is None and "TODO 13" in stop.where,
+           f"a call after destroy_process_group() points at the destroy TODO ({stop.where})")
+
+
+def test_presentation():
+    v = Verdicts({"ddp": "7", "no_sync": "15", "lr": "14"})
+    v.add("lr", False, "the learning rate", "not judged: the ranks differ", cause="ddp")
+    v.add("ddp", False, "the copies stay identical", "inside no_sync()", cause="no_sync")
+    v.add("no_sync", False, "one all-reduce per step", "none averaged")
+    v.add("1", True, "included")
+    v.add("ddp", True, "the forward goes through the wrapper")
+    v.unreached("9", "a new shuffle", "the run stopped before epoch 2")
+    v.add("all", False, "the run", "differs")
+    out = io.StringIO()
+    v.print(out)
+    todos = [l.split()[2] for l in out.getvalue().splitlines()]
+    expect(todos == ["1", "7", "7", "9", "14", "15", "all"], f"rows in TODO order ({todos})")
+    expect(v.failed() == ["7", "14", "15", "all"] and v.passed() == ["1"] and
+           v.not_reached() == ["9"],
+           f"each TODO once: failed {v.failed()}, passed {v.passed()}, not reached "
+           f"{v.not_reached()}")
+    expect(v.first_to_fix() == "15", f"fix first: the TODO whose own evidence failed "
+           f"({v.first_to_fix()}), not 7 or 14 whose ✘ follows from it")
+    expect("not reached" in out.getvalue() and "\u2718 TODO 9" not in out.getvalue(),
+           "a TODO the run did not reach is neither ✔ nor ✘")
+
+
+def main():
+    test_crash()
+    test_site_in_todo()
+    test_kit_file_and_destroy()
+    test_presentation()
+    print(f"{len(FAILED)} failed" if FAILED else "all passed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
