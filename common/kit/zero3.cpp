@@ -237,7 +237,7 @@ FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions
     ShardLayout layout(params, group_->size(), group_->rank());
     // Rank 0's weights, as DDP starts; then keep only our shard of them.
     auto flat = layout.flatten(params);
-    group_->broadcast(flat, 0);
+    if (group_->size() > 1) group_->broadcast(flat, 0);
     auto shard = layout.own(flat).clone().requires_grad_(true);
     flat = torch::Tensor();
     ShardedAdamW adamw(options.adamw, shard.detach());

@@ -48,8 +48,8 @@
 //
 // Communication, either way: all-gather in forward, all-gather and reduce-scatter in backward,
 // 3 (N-1)/N x 4P bytes sent per rank in a ring, against DDP's 2 (N-1)/N x 4P: 1.5x. On one rank
-// the shard is the whole unit: the gathers are copies and the flat gradient is the shard's
-// (Gloo's collectives would each stage one more unit-sized buffer, for nothing).
+// no collective is made: the shard is the whole unit, the gathers are copies and the flat
+// gradient is the shard's (Gloo's collectives would each stage one more unit-sized buffer).
 //
 // Differences from PyTorch's FSDP2 (fully_shard): no prefetch of the next unit's gather (one
 // unit's weights alive at a time, and the collectives are not overlapped with compute); the
