@@ -81,7 +81,7 @@ torch::Tensor backward_unit(FullyShardedModel& model, FullyShardedModel::Unit& u
   for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
   model.release(u);
   if (model.group_ptr()->size() == 1) return flat;  // one rank: its shard, and the average, is all
-  torch::Tensor shard_grad = torch::empty({u.layout.shard()}, u.shard.options().requires_grad(false));
+  auto shard_grad = torch::empty({u.layout.shard()}, u.shard.options().requires_grad(false));
   torch::NoGradGuard no_grad;
   // Each rank gets the average over the ranks of its own shard of the unit's gradient.
   model.group_ptr()->reduce_scatter(shard_grad, flat, ReduceOp::AVG);
@@ -122,7 +122,8 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    const auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    const auto ref =
+        c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
     FullyShardedModel& model = *ref->model;
     FullyShardedModel::Unit& unit = *ref->unit;
     model.gather(unit);
@@ -217,7 +218,8 @@ FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions
   std::unordered_map<const void*, const std::string*> owner;
   std::vector<torch::Tensor> every;
   for (auto& u : units) {
-    if (!u.forward) throw std::invalid_argument("FullyShardedModel: unit '" + u.name + "' has no forward");
+    if (!u.forward)
+      throw std::invalid_argument("FullyShardedModel: unit '" + u.name + "' has no forward");
     for (auto& p : trainable(u.params)) {
       auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u.name);
       if (!fresh)
