@@ -14,9 +14,11 @@
 //
 //   zero_report [--d-model 128] [--heads 4] [--layers 4] [--feedforward 4 d] [--vocab 2000]
 //               [--seq 32] [--batch 8] [--steps 2] [--ranks 1,2,4] [--stage S] [--csv FILE]
-//               [--check]
+//               [--recompute] [--check]
 // --batch: the global batch (sequences per step over all ranks).
 // --stage: only that stage (0 = DDP, 1, 2, 3; anything else is refused with one line).
+// --recompute: ZeRO-3 recomputes each unit's forward in backward (kit::FullyShardedOptions;
+// the row is named ZeRO-3r) instead of keeping its activations, the default.
 // --check: exit 1 if any measured figure differs from its formula. Bad flags: one line, exit 2.
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +37,8 @@ namespace {
 
 int usage(const std::string& why) {
   std::fprintf(stderr, "zero_report: %s (flags: --d-model N --heads N --layers N --feedforward N "
-                       "--vocab N --seq N --batch N --steps N --ranks 1,2,4 --stage S --csv FILE --check)\n",
+                       "--vocab N --seq N --batch N --steps N --ranks 1,2,4 --stage S --csv FILE "
+                       "--recompute --check)\n",
                why.c_str());
   return 2;
 }
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--check") { check = true; continue; }
+    if (a == "--recompute") { s.recompute = true; continue; }
     if (i + 1 >= argc) return usage("flag " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--csv") { csv = v; continue; }
@@ -122,11 +126,12 @@ int main(int argc, char** argv) {
   if (out) std::fprintf(out, "ranks,stage,P,padded,params,grads,optimizer,gathered_peak,"
                              "formula_params,formula_grads,formula_optimizer,sent,theory_sent,"
                              "sent_all_reduce,sent_reduce_scatter,sent_all_gather,peak,formula_total\n");
-  const char* names[] = {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+  const char* names[] = {"DDP", "ZeRO-1", "ZeRO-2", s.recompute ? "ZeRO-3r" : "ZeRO-3"};
   bool all_match = true;
   int64_t P = 0;
-  std::printf("%-6s %-6s | %12s %12s %12s %12s | %12s %12s %12s | %12s %12s | %12s %12s\n", "ranks",
-              "stage", "params", "grads", "optimizer", "gathered", "f.params", "f.grads", "f.optim",
+  const int width = s.recompute ? 7 : 6;  // the stage column: "ZeRO-3r" is one wider
+  std::printf("%-6s %-*s | %12s %12s %12s %12s | %12s %12s %12s | %12s %12s | %12s %12s\n", "ranks",
+              width, "stage", "params", "grads", "optimizer", "gathered", "f.params", "f.grads", "f.optim",
               "sent/step", "theory", "peak", "f.total");
   for (int n : world_sizes) {
     for (int stage = 0; stage <= 3; ++stage) {
@@ -155,8 +160,8 @@ int main(int argc, char** argv) {
       const bool match = run.held.params == f.params && run.held.grads == f.grads &&
                          run.held.optimizer == f.optimizer && std::abs(sent - theory) < 0.5;
       all_match = all_match && match;
-      std::printf("%-6d %-6s | %12lld %12lld %12lld %12lld | %12lld %12lld %12lld | %12.0f %12.0f | %12lld %12lld%s\n",
-                  n, names[stage], (long long)run.held.params, (long long)run.held.grads,
+      std::printf("%-6d %-*s | %12lld %12lld %12lld %12lld | %12lld %12lld %12lld | %12.0f %12.0f | %12lld %12lld%s\n",
+                  n, width, names[stage], (long long)run.held.params, (long long)run.held.grads,
                   (long long)run.held.optimizer, (long long)run.held.gathered_peak,
                   (long long)f.params, (long long)f.grads, (long long)f.optimizer, sent, theory,
                   (long long)peak, (long long)f.total(), match ? "" : "  <- differs");

@@ -36,6 +36,7 @@ struct Setup {
   kit::TransformerLMOptions model;
   int64_t global_batch = 8, steps = 4;
   double max_grad_norm = 0;  // > 0: gradients clipped to this global norm (DDP: clip_grad_norm_)
+  bool recompute = false;    // stage 3: FullyShardedOptions::recompute
 };
 
 // Step k's global batch (inputs, targets), the same for every run; rank r reads its rows.
@@ -50,6 +51,7 @@ inline std::pair<torch::Tensor, torch::Tensor> batch(const Setup& s, int64_t k, 
 struct RankRun {
   std::vector<double> losses;   // this rank's, per step
   std::vector<torch::Tensor> weights;  // per unit: the full flat weights after the last step
+                                       // (ZeRO-3: padded to its layout)
   kit::HeldBytes held;          // after the last step
   int64_t peak = 0;             // the most bytes of live tensors during a step, over the steps
   std::map<std::string, int64_t> step_bytes;  // handed to each kind of collective in one step
@@ -116,7 +118,8 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
     } else if (stage < 3) {
       zero = std::make_unique<kit::ZeroOptimizer>(models[r], o);
     } else {
-      zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o);
+      zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o,
+                                                       kit::FullyShardedOptions{s.recompute});
     }
     for (int64_t k = 0; k < s.steps; ++k) {
       auto before = g.stats().bytes;
@@ -167,7 +170,15 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
       run.P = zero3->numel();
       run.padded = zero3->padded();
     }
-    if (!zero3) run.weights = unit_weights(models[r]);
+    if (!zero3) {
+      run.weights = unit_weights(models[r]);
+    } else {  // nobody holds them whole: each unit's shards gathered (padded), after the steps
+      for (auto& shard : zero3->shards()) {
+        auto full = torch::empty({shard.numel() * n}, shard.options().requires_grad(false));
+        g.all_gather(full, shard.detach());
+        run.weights.push_back(full);
+      }
+    }
   });
   if (errors_out) *errors_out = errors;
   return runs;

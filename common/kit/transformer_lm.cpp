@@ -78,6 +78,11 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
   encoder_ = register_module("encoder",
                              torch::nn::TransformerEncoder(
                                  torch::nn::TransformerEncoderOptions(layer, o.layers)));
+  // The encoder keeps the layer it cloned its layers from in its options: one more layer of
+  // weights that nothing reads or trains (Python's nn.TransformerEncoder keeps only the clones).
+  // Dropped, so that the model holds its parameters and buffers and nothing else (the peaks of
+  // kit/memory.h count every byte).
+  encoder_->options.encoder_layer(nullptr);
   head_ = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
   // The attention's key bias starts at zero (torch's MultiheadAttention already sets all of
   // in_proj_bias to zero; said here because encoder_layer() relies on it) and stays there: see

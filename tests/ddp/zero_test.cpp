@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "kit/ddp.h"             // DistributedDataParallel: the reference
+#include "kit/memory.h"          // Account: live bytes between ZeRO-3's forward and backward
 #include "kit/process_group.h"   // local_groups, CommStats
 #include "kit/sharding.h"        // HeldBytes, formula_bytes, ring_bytes, check_zero_stage
 #include "kit/transformer_lm.h"  // TransformerLM, lm_loss
@@ -42,9 +43,11 @@ kit_bench::Setup tiny() {
 }
 using kit_bench::adamw;
 
-std::vector<RankRun> train(int stage, int n) {
+std::vector<RankRun> train(int stage, int n, bool recompute = false) {
   std::vector<std::string> errors;
-  auto runs = kit_bench::train(tiny(), stage, n, &errors);
+  auto s = tiny();
+  s.recompute = recompute;
+  auto runs = kit_bench::train(s, stage, n, &errors);
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
 }
@@ -55,7 +58,11 @@ double relative(const torch::Tensor& a, const torch::Tensor& b) {
 
 struct Case {
   int stage, n;
+  bool recompute = false;  // stage 3: FullyShardedOptions::recompute
 };
+void PrintTo(const Case& c, std::ostream* os) {  // gtest's test list: words, not the struct's bytes
+  *os << "stage " << c.stage << ", " << c.n << " ranks" << (c.recompute ? ", recompute" : "");
+}
 
 class Zero : public ::testing::TestWithParam<Case> {};
 
@@ -63,7 +70,7 @@ class Zero : public ::testing::TestWithParam<Case> {};
 TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
   const int stage = GetParam().stage, n = GetParam().n;
   const std::vector<RankRun> ddp = train(0, n);
-  const std::vector<RankRun> zero = train(stage, n);
+  const std::vector<RankRun> zero = train(stage, n, GetParam().recompute);
   ASSERT_EQ(zero.size(), static_cast<size_t>(n));
   EXPECT_GT(std::abs(ddp[0].losses.front() - ddp[0].losses.back()), 1e-3) << "training must move";
   for (int r = 0; r < n; ++r) {
@@ -87,14 +94,24 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
       EXPECT_LT(zero[r].held.gathered_peak, 4 * zero[r].P);
     }
   }
-  // The weights: under ZeRO-1/2 each rank's model; under ZeRO-3 nobody holds them whole, and
-  // the equal losses of the last step say they agreed before it.
-  if (stage < 3)
-    for (int r = 0; r < n; ++r)
-      for (size_t u = 0; u < ddp[0].weights.size(); ++u) {
-        EXPECT_LE(relative(zero[r].weights[u], ddp[0].weights[u]), 1e-5) << "rank " << r << " unit " << u;
-        EXPECT_TRUE(torch::equal(zero[r].weights[u], zero[0].weights[u])) << "rank " << r << " unit " << u;
-      }
+  // The weights: under ZeRO-1/2 each rank's model; under ZeRO-3 each unit's shards gathered after
+  // the last step (zero_runs.h), padded: the padding must have stayed zero.
+  double worst = 0;  // the largest relative weight difference, reported (README: the tolerance)
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(zero[r].weights.size(), ddp[0].weights.size()) << "rank " << r;
+    for (size_t u = 0; u < ddp[0].weights.size(); ++u) {
+      const int64_t len = ddp[0].weights[u].numel();
+      const auto w = zero[r].weights[u].narrow(0, 0, len);
+      worst = std::max(worst, relative(w, ddp[0].weights[u]));
+      EXPECT_LE(relative(w, ddp[0].weights[u]), 1e-5) << "rank " << r << " unit " << u;
+      EXPECT_TRUE(torch::equal(zero[r].weights[u], zero[0].weights[u])) << "rank " << r << " unit " << u;
+      const auto pad = zero[r].weights[u].narrow(0, len, zero[r].weights[u].numel() - len);
+      EXPECT_TRUE(torch::equal(pad, torch::zeros_like(pad))) << "rank " << r << " unit " << u;
+    }
+  }
+  RecordProperty("max_relative_weight_difference", std::to_string(worst));
+  std::printf("ZeRO-%d on %d ranks%s: weights within %.2g of DDP's (relative)\n", stage, n,
+              GetParam().recompute ? ", recompute" : "", worst);
   // Bytes sent per step in a ring, against the theory: stages 1 and 2 = DDP's, 3 = 1.5x.
   auto sent = [&](const RankRun& run) {
     double s = 0;
@@ -107,10 +124,12 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
-                         ::testing::Values(Case{1, 2}, Case{2, 2}, Case{3, 2}, Case{2, 4}, Case{3, 4}),
+                         ::testing::Values(Case{1, 2}, Case{2, 2}, Case{3, 2}, Case{2, 4}, Case{3, 4},
+                                           Case{3, 2, true}, Case{3, 4, true}),
                          [](const auto& info) {
                            return "ZeRO" + std::to_string(info.param.stage) + "_N" +
-                                  std::to_string(info.param.n);
+                                  std::to_string(info.param.n) +
+                                  (info.param.recompute ? "_recompute" : "");
                          });
 
 // The peak of live tensor bytes during a step (kit/memory.h; the highest rank), on 2 ranks, for a
@@ -119,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, Zero,
 // bytes held between steps. Full-size transient copies in step() (a flat copy of all gradients,
 // another of all weights to cut a shard from, a collective handed everything at once while Gloo
 // makes a scratch copy of it) put it above DDP's instead.
-TEST(ZeroPeak, StagesOneAndTwoPeakBelowDDPOnTwoRanks) {
+TEST(ZeroPeak, EveryStagePeaksBelowTheOneBeforeOnTwoRanks) {
   kit_bench::Setup s;
   s.model = kit_test::tiny_lm(2000, 8);
   s.model.d_model = 64;
@@ -140,11 +159,27 @@ TEST(ZeroPeak, StagesOneAndTwoPeakBelowDDPOnTwoRanks) {
     }
     return most;
   };
-  const int64_t ddp = peak(0), zero1 = peak(1), zero2 = peak(2);
+  const int64_t ddp = peak(0), zero1 = peak(1), zero2 = peak(2), zero3 = peak(3);
   EXPECT_LT(zero1, ddp) << "ZeRO-1's peak " << zero1 << " bytes, DDP's " << ddp;
   EXPECT_LT(zero2, ddp) << "ZeRO-2's peak " << zero2 << " bytes, DDP's " << ddp;
   // ZeRO-2 reduce-scatters during backward and frees each gradient once sent: never all of them.
   EXPECT_LT(zero2, zero1) << "ZeRO-2's peak " << zero2 << " bytes, ZeRO-1's " << zero1;
+  // ZeRO-3 also holds half the weights, and one unit's full weights at a time: below ZeRO-2, though
+  // it keeps every unit's activations (no recomputation).
+  EXPECT_LT(zero3, zero2) << "ZeRO-3's peak " << zero3 << " bytes, ZeRO-2's " << zero2;
+}
+
+// A TransformerLM holds its parameters and its buffer (the position codes), nothing else: the
+// C++ TransformerEncoder kept the layer it was cloned from (one more layer of weights) until
+// TransformerLM dropped it.
+TEST(TransformerLMMemory, HoldsItsParametersAndBuffersOnly) {
+  kit::memory::install();
+  kit::memory::Account account;
+  kit::memory::Account::Charge charge(account);
+  auto o = kit_test::tiny_lm(61, 8);
+  o.layers = 3;
+  kit::TransformerLM model(o);
+  EXPECT_EQ(account.live(), kit::bytes_of(model->parameters()) + kit::bytes_of(model->buffers()));
 }
 
 // The counting allocator (kit/memory.h): a tensor's bytes are live from its making to its freeing,
@@ -222,20 +257,216 @@ TEST(Zero2Overlap, FreesTheGradientsInBackwardAndAccumulates) {
   }
 }
 
-// Dropout under ZeRO-3: the recomputation in backward must draw the same masks as the forward
-// did (zero3.cpp saves and restores the generator), or the gradients are of another function.
-// One rank, so that no other thread draws from the process-wide generator in between.
-TEST(Zero3Dropout, RecomputationDrawsTheForwardsMasks) {
+// Dropout under ZeRO-3, in both modes: without recomputation autograd keeps forward's masks;
+// with it, the recomputation in backward must draw the same masks as the forward did (zero3.cpp
+// saves and restores the generator), or the gradients are of another function. One rank, so
+// that no other thread draws from the process-wide generator in between.
+class Zero3Dropout : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Zero3Dropout, BackwardUsesTheForwardsMasks) {
   auto s = tiny();
   s.model.dropout = 0.3;
   std::vector<std::string> errors;
   const auto ddp = kit_bench::train(s, 0, 1, &errors);
   ASSERT_EQ(errors[0], "");
+  s.recompute = GetParam();
   const auto zero3 = kit_bench::train(s, 3, 1, &errors);
   ASSERT_EQ(errors[0], "");
   for (int64_t k = 0; k < kSteps; ++k)
     EXPECT_NEAR(zero3[0].losses[k], ddp[0].losses[k], 1e-5 * std::abs(ddp[0].losses[k]))
         << "step " << k + 1;
+  for (size_t u = 0; u < ddp[0].weights.size(); ++u)
+    EXPECT_LE(relative(zero3[0].weights[u], ddp[0].weights[u]), 1e-5) << "unit " << u;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Zero3Dropout, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Recompute" : "KeepActivations"; });
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-3 on any chain of units: a small MLP, not the TransformerLM
+// ---------------------------------------------------------------------------------------------
+
+struct MLPImpl : torch::nn::Module {
+  MLPImpl(int64_t in, int64_t width, int64_t out)
+      : first(register_module("first", torch::nn::Linear(in, width))),
+        middle(register_module("middle", torch::nn::Linear(width, width))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        last(register_module("last", torch::nn::Linear(width, out))) {}
+  // The units: the forward below, cut where FullyShardedModel gathers. `calls` counts each
+  // unit's runs (k: unit k), the parameter-free one (unit 1) included.
+  std::vector<kit::ShardedUnit> units(std::vector<int>* calls) {
+    auto count = [calls](int k) { if (calls) ++(*calls)[k]; };
+    std::vector<kit::ShardedUnit> u;
+    u.emplace_back("first", first, [this, count](const torch::Tensor& x) { count(0); return first(x); });
+    u.emplace_back("gelu", [count](const torch::Tensor& x) { count(1); return torch::gelu(x); },
+                   std::vector<torch::Tensor>{});
+    u.emplace_back("middle", [this, count](const torch::Tensor& x) {
+      count(2);
+      return torch::dropout(norm(torch::tanh(middle(x))), dropout, is_training());
+    }, concat(middle->parameters(), norm->parameters()));
+    u.emplace_back("last", last, [this, count](const torch::Tensor& x) { count(3); return last(x); });
+    return u;
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = x;
+    for (auto& unit : units(nullptr)) y = unit.forward(y);
+    return y;
+  }
+  static std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  torch::nn::Linear first, middle;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear last;
+  double dropout = 0.0;
+};
+TORCH_MODULE(MLP);
+
+struct MLPRun {
+  std::vector<std::vector<double>> losses;         // per rank, per step
+  std::vector<std::vector<torch::Tensor>> weights;  // per rank, per unit with parameters
+  std::vector<int> calls;                           // rank 0: each unit's forwards, all steps
+  std::vector<std::string> errors;
+};
+
+constexpr int64_t kMLPIn = 12, kMLPWidth = 40, kMLPOut = 5, kMLPBatch = 8, kMLPSteps = 3;
+
+// N ranks train the MLP (rank 0's weights) on the same batches: under DDP + AdamW (`zero3`
+// false) or under FullyShardedModel; the weights per unit at the end (ZeRO-3: gathered, padding
+// cut off).
+MLPRun train_mlp(bool zero3, int n, bool recompute, double dropout = 0.0) {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<MLP> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(r == 0 ? 7 : 70 + r);
+    models.emplace_back(kMLPIn, kMLPWidth, kMLPOut);
+    models.back()->dropout = dropout;
+  }
+  MLPRun out;
+  out.losses.resize(n);
+  out.weights.resize(n);
+  out.calls.assign(4, 0);
+  out.errors = kit_bench::on_every_rank(n, [&](int r) {
+    std::vector<int> calls(4, 0);
+    std::unique_ptr<kit::DistributedDataParallel> ddp;
+    std::unique_ptr<torch::optim::AdamW> torch_adamw;
+    std::unique_ptr<kit::FullyShardedModel> sharded;
+    if (zero3) {
+      sharded = std::make_unique<kit::FullyShardedModel>(
+          models[r]->units(&calls), kit::ZeroOptions{3, adamw(), groups[r].get()},
+          kit::FullyShardedOptions{recompute});
+    } else {
+      kit::DDPOptions d;
+      d.group = groups[r].get();
+      ddp = std::make_unique<kit::DistributedDataParallel>(models[r], d);
+      torch_adamw = std::make_unique<torch::optim::AdamW>(models[r]->parameters(), adamw());
+    }
+    for (int64_t k = 0; k < kMLPSteps; ++k) {
+      auto gen = at::detail::createCPUGenerator(500 + k);
+      auto x = torch::randn({kMLPBatch, kMLPIn}, gen), y = torch::randn({kMLPBatch, kMLPOut}, gen);
+      const int64_t rows = kMLPBatch / n;
+      x = x.narrow(0, r * rows, rows);
+      y = y.narrow(0, r * rows, rows);
+      torch::manual_seed(900 + 10 * k + r);  // dropout: each rank its own masks, the same in both runs
+      auto loss = torch::mse_loss(sharded ? sharded->forward(x) : models[r]->forward(x), y);
+      loss.backward();
+      if (sharded) { sharded->step(); sharded->zero_grad(); }
+      else { torch_adamw->step(); torch_adamw->zero_grad(); }
+      out.losses[r].push_back(loss.item<double>());
+    }
+    if (sharded) {
+      for (auto& shard : sharded->shards()) {
+        auto full = torch::empty({shard.numel() * n});
+        groups[r]->all_gather(full, shard.detach());
+        out.weights[r].push_back(full);
+      }
+    } else {
+      for (auto& unit : models[r]->units(nullptr)) {
+        std::vector<torch::Tensor> parts;
+        for (auto& p : unit.params) parts.push_back(p.detach().reshape(-1));
+        if (!parts.empty()) out.weights[r].push_back(torch::cat(parts));
+      }
+    }
+    if (r == 0) out.calls = calls;
+  });
+  return out;
+}
+
+class Zero3AnyModule : public ::testing::TestWithParam<bool> {};
+
+// The same losses and weights as DDP, and, without recomputation, each unit's forward run once
+// per step (the recomputing mode runs the sharded units' twice: forward and backward).
+TEST_P(Zero3AnyModule, AnMLPChainMatchesDDPAndRunsEachUnitOnce) {
+  const bool recompute = GetParam();
+  const int n = 2;
+  const MLPRun ddp = train_mlp(false, n, false), zero = train_mlp(true, n, recompute);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(ddp.errors[r], "") << "rank " << r;
+    ASSERT_EQ(zero.errors[r], "") << "rank " << r;
+  }
+  EXPECT_GT(std::abs(ddp.losses[0].front() - ddp.losses[0].back()), 1e-3) << "training must move";
+  for (int r = 0; r < n; ++r) {
+    for (int64_t k = 0; k < kMLPSteps; ++k)
+      EXPECT_NEAR(zero.losses[r][k], ddp.losses[r][k], 1e-5 * std::abs(ddp.losses[r][k]))
+          << "rank " << r << ", step " << k + 1;
+    ASSERT_EQ(zero.weights[r].size(), 3u) << "three units have parameters";
+    for (size_t u = 0; u < 3; ++u) {
+      const auto& want = ddp.weights[0][u];
+      EXPECT_LE(relative(zero.weights[r][u].narrow(0, 0, want.numel()), want), 1e-5)
+          << "rank " << r << " unit " << u;
+    }
+  }
+  const int steps = static_cast<int>(kMLPSteps), sharded_runs = (recompute ? 2 : 1) * steps;
+  EXPECT_EQ(zero.calls, (std::vector<int>{sharded_runs, steps, sharded_runs, sharded_runs}));
+}
+
+// With dropout: the masks forward drew are the ones backward uses, in both modes. One rank: the
+// ranks are threads, and would draw from the one process-wide generator in any order.
+TEST_P(Zero3AnyModule, DropoutMatchesDDP) {
+  const MLPRun ddp = train_mlp(false, 1, false, 0.4), zero = train_mlp(true, 1, GetParam(), 0.4);
+  for (int r = 0; r < 1; ++r) {
+    ASSERT_EQ(zero.errors[r], "") << "rank " << r;
+    for (int64_t k = 0; k < kMLPSteps; ++k)
+      EXPECT_NEAR(zero.losses[r][k], ddp.losses[r][k], 1e-5 * std::abs(ddp.losses[r][k]))
+          << "rank " << r << ", step " << k + 1;
+    for (size_t u = 0; u < 3; ++u)
+      EXPECT_LE(relative(zero.weights[r][u].narrow(0, 0, ddp.weights[0][u].numel()), ddp.weights[0][u]), 1e-5)
+          << "rank " << r << " unit " << u;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Zero3AnyModule, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Recompute" : "KeepActivations"; });
+
+// Between forward and backward no unit's full weights survive, though autograd keeps views of
+// them (the transposed weights of the matmuls, LayerNorm's weight): besides the state ZeRO-3
+// holds (shards, AdamW's moments), the live bytes are the activations only. A wide MLP on a batch
+// of one row makes the weights 1000x the activations; freeing the parameters alone (set_data)
+// would leave every saved view holding its unit's full buffer. One rank: no collective, so no
+// buffer of Gloo's worker thread is freed at a time of its choosing, and the count is exact.
+TEST(Zero3Memory, NoFullWeightsLiveBetweenForwardAndBackward) {
+  kit::memory::install();
+  kit::memory::Account account;
+  kit::memory::Account::Charge charge(account);
+  auto groups = kit::ProcessGroup::local_groups(1);
+  torch::manual_seed(3);
+  MLP mlp(256, 256, 256);
+  const int64_t weights = kit::bytes_of(mlp->parameters());  // all units' full weights
+  auto x = torch::randn({1, 256});
+  const int64_t start = account.live();
+  kit::FullyShardedModel sharded(mlp->units(nullptr), {3, adamw(), groups[0].get()});
+  for (auto& p : mlp->parameters()) EXPECT_EQ(p.numel(), 0) << "a parameter left whole";
+  const kit::HeldBytes held = sharded.held();
+  auto loss = sharded.forward(x).square().sum();
+  // What is live beyond the model's own (now empty) parameters and ZeRO-3's state.
+  const int64_t extra = account.live() - (start - weights) - held.params - held.optimizer;
+  EXPECT_LT(extra, weights / 100) << extra << " bytes beyond the state after forward; all units' "
+                                  << "weights: " << weights;
+  EXPECT_GT(extra, 0) << "the activations are kept (no recomputation)";
+  loss.backward();
+  for (auto& p : mlp->parameters()) EXPECT_EQ(p.numel(), 0) << "a parameter left gathered";
+  for (auto& shard : sharded.shards()) EXPECT_TRUE(shard.grad().defined());
 }
 
 // TransformerLM's units run each encoder layer through kit's own copy of the layer's forward
@@ -366,6 +597,25 @@ TEST(ZeroBadInput, DDPAndZeroOnOneModelAreRefused) {
   EXPECT_EQ(e, "DistributedDataParallel: this model is already wrapped by ZeRO-1; use one of them "
                "per model, not both");
   EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+// ZeRO-3's list of units: an empty one, a parameter in two units, a unit without a forward.
+TEST(ZeroBadInput, ShardedUnitsAreChecked) {
+  auto groups = kit::ProcessGroup::local_groups(1);
+  MLP mlp(4, 8, 2);
+  kit::ZeroOptions o{3, adamw(), groups[0].get()};
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(std::vector<kit::ShardedUnit>{}, o); }),
+            "FullyShardedModel: no units given");
+  auto twice = mlp->units(nullptr);
+  twice.emplace_back("again", mlp->first);
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(twice, o); }),
+            "FullyShardedModel: a parameter of unit 'again' is also in unit 'first'");
+  auto none = mlp->units(nullptr);
+  none[2].forward = nullptr;
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(none, o); }),
+            "FullyShardedModel: unit 'middle' has no forward");
+  // A refused list leaves the parameters unclaimed: a valid one is accepted afterwards.
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp->units(nullptr), o); }), "");
 }
 
 // Parameters that do not divide by the ranks are padded: 7 elements on 4 ranks.
