@@ -13,12 +13,14 @@
 //                 DDP;
 //        stage 2: during backward, overlapped with it as DDP's all-reduces are: a bucket's
 //                 reduce-scatter starts, in the background, as soon as backward has made its
-//                 last gradient, and the bucket's .grads are freed once it is done (it reads
-//                 them until then). At most two buckets travel at once (a third waits for the
-//                 oldest), so a slow network cannot pile the gradients up; the end of backward
-//                 waits for the rest. After backward no .grad is left, only the averaged shard:
-//                 4 P / N bytes of gradients, and at no moment more full gradients than the
-//                 buckets filling and travelling. Two backward passes before a step add up.
+//                 last gradient, straight from the buffer those gradients accumulated in, and
+//                 the bucket's .grads are freed once it is done (it reads them until then). One
+//                 bucket travels while the next fills: when a bucket is full, the one before it
+//                 is waited for, so that a slow network cannot pile the gradients up; the end of
+//                 backward waits for the last. After backward no .grad is left, only the
+//                 averaged shard, made bucket by bucket as the averages arrive: 4 P / N bytes of
+//                 gradients, and at no moment more full gradients than the buckets filling and
+//                 travelling. Two backward passes before a step add up.
 //   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
 //   3. the updated shards are all-gathered: every rank has the whole new model again.
 // The layout (kit/sharding.h, BucketLayout) is cut for this: buckets of whole parameters, in the
@@ -28,22 +30,26 @@
 // No full-size copy on the way, so that the peak, not only what is held between steps, is lower
 // than DDP's (kit/memory.h measures it): the parameters are views of one flat vector, which AdamW
 // updates in place and the all-gathers fill bucket by bucket; the gradients are views of flat
-// buffers too (stage 1: one for all; stage 2: one per bucket), which the reduce-scatters read as
-// they are; the buckets hold at most 4 MiB (zero.cpp says why). On one rank nothing is averaged or
-// gathered: the gradients are the "shard" (no copy), so ZeRO-1 holds what DDP holds, less AdamW's
-// per-parameter temporaries.
+// buffers too (stage 1: one for all; stage 2: one per bucket, or autograd's own gradient for a
+// bucket of one large parameter), which the reduce-scatters read as they are; the buckets hold at
+// most 4 MiB (zero.cpp says why). On one rank nothing is averaged or gathered: the gradients are
+// the "shard" (no copy), and neither stage peaks above DDP (measured: README's model, ZeRO-1 equal
+// to DDP, ZeRO-2 6% below; tests/ddp/zero_test.cpp, ZeroPeak).
 // Communication per step, stage 1 or 2: a reduce-scatter plus an all-gather, the same bytes as
 // DDP's all-reduce (a ring all-reduce IS a reduce-scatter followed by an all-gather).
 //
 // Reduce-scatter on Gloo: c10d itself emulates it with an all-reduce (kit/compat.h, note 3), so
 // on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
-// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's.
+// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's. ZeRO-2's
+// buckets are dropped after their collective, so it lets the all-reduce work in the bucket itself
+// (ProcessGroup::reduce_scatter_scratch_async) and saves c10d's copy of it.
 //
-// Simplification, said plainly: the buckets follow the reverse of the parameters' order, which is
-// the order of backward for a model that runs its parameters in order (TransformerLM does); unlike
-// DDP, they are not rebuilt from the order the gradients really arrive in (kit/ddp.h). A bucket
-// whose gradients come late only starts late. held() counts what a rank keeps between steps; the
-// peak is kit/memory.h's.
+// Simplification, said plainly: the buckets follow the reverse of the parameters' order, and
+// unlike DDP's (kit/ddp.h) they are not rebuilt from the order the gradients really arrive in
+// (that would move the weights and AdamW's state to a new layout). Where the two differ, a bucket
+// waits for its latest gradient, and the buckets after it wait with it: in TransformerLM's
+// post-norm encoder layer, norm1 is registered after the feed-forward, so its bucket goes first,
+// but its gradient comes after the feed-forward's. held() counts what a rank keeps between steps; the peak is kit/memory.h's.
 //
 // Wraps the model instead of DDP, never together with it (one error line: kit/param_claim.h).
 // At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.
