@@ -14,10 +14,10 @@
 //        stage 2: during backward, overlapped with it as DDP's all-reduces are: a bucket's
 //                 reduce-scatter starts, in the background, as soon as backward has made its
 //                 last gradient, straight from the buffer those gradients accumulated in, and
-//                 the bucket's .grads are freed once it is done (it reads them until then). One
-//                 bucket travels while the next fills: when a bucket is full, the one before it
-//                 is waited for, so that a slow network cannot pile the gradients up; the end of
-//                 backward waits for the last. After backward no .grad is left, only the
+//                 the bucket's .grads are freed once it is done (it reads them until then). At
+//                 most two buckets travel at once: when a bucket is full, the older of two is
+//                 waited for, so that a slow network cannot pile the gradients up; the end of
+//                 backward waits for the rest. After backward no .grad is left, only the
 //                 averaged shard, made bucket by bucket as the averages arrive: 4 P / N bytes of
 //                 gradients, and at no moment more full gradients than the buckets filling and
 //                 travelling. Two backward passes before a step add up.
