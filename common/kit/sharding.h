@@ -5,9 +5,10 @@
 //
 // ShardLayout: the parameters, in a fixed order (the model's), are laid end to end in one flat
 // vector of P elements, padded with zeros to a multiple of the world size N, so that it cuts into
-// N equal shards of S = ceil(P / N) elements; rank r owns elements [r S, (r + 1) S). Equal shards are what all-gather and reduce-scatter need; the padding (fewer
-// than N elements) is never read by the model, and stays zero through AdamW (zero gradient, zero
-// weight: zero update). BucketLayout (below) pads and splits each bucket the same way.
+// N equal shards of S = ceil(P / N) elements; rank r owns elements [r S, (r + 1) S). Equal
+// shards are what all-gather and reduce-scatter need; the padding (fewer than N elements) is
+// never read by the model, and stays zero through AdamW (zero gradient, zero weight: zero
+// update). BucketLayout (below) pads and splits each bucket the same way.
 //
 // AdamW works element by element, so AdamW on a slice of the flat vector is exactly AdamW on the
 // parameters that slice covers: the same operations in the same order as torch::optim::AdamW.
