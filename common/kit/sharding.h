@@ -55,15 +55,16 @@ class ShardLayout {
 };
 
 // The layout of ZeRO-1 and 2 (kit/zero.h): the parameters cut into buckets in the order their
-// gradients arrive in backward (the reverse of the parameters' order, as DDP's first buckets and
-// DeepSpeed's), each bucket of whole parameters, at most `cap` elements; a parameter of half the
-// cap or more has a bucket of its own (ZeRO-2 then reduce-scatters its gradient as autograd made
-// it, with no copy into a shared buffer). The flat vector is the buckets end to end, each padded with zeros to a multiple of N
-// (fewer than N elements), and each bucket cuts into N equal slices: rank r owns slice r of every
-// bucket, and its shard of S elements is those slices end to end. So a bucket is complete (and
-// its reduce-scatter can start) as soon as backward has made its parameters' gradients, its
-// reduce-scatter's input is its part of the flat vector as it is, and its all-gather's output is
-// that part again. Each parameter is one contiguous part of the flat vector.
+// gradients are expected in backward (the reverse of the parameters' order, as DDP's first
+// buckets and DeepSpeed's), each bucket of whole parameters, at most `cap` elements; a parameter
+// of half the cap or more has a bucket of its own (ZeRO-2 then reduce-scatters its gradient as
+// autograd made it, with no copy into a shared buffer). The flat vector is the buckets end to
+// end, each padded with zeros to a multiple of N (fewer than N elements), and each bucket cuts
+// into N equal slices: rank r owns slice r of every bucket, and its shard of S elements is those
+// slices end to end. So a bucket is complete (and its reduce-scatter can start) as soon as
+// backward has made its parameters' gradients, its reduce-scatter's input is its part of the flat
+// vector as it is, and its all-gather's output is that part again. Each parameter is one
+// contiguous part of the flat vector.
 class BucketLayout {
  public:
   struct Bucket {

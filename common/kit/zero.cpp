@@ -146,7 +146,9 @@ torch::Tensor& ZeroOptimizer::buffer(size_t b) {
     if (overlap_->solo[b] && solo_grad.defined())  // complete (launch_ready), as autograd left it
       buf = solo_grad.contiguous().view(-1);
     else if (group_->size() == 1)  // the whole bucket is this rank's piece: zeros, then the sum
-      buf = grad_pieces_[b].defined() ? grad_pieces_[b] : (grad_pieces_[b] = torch::zeros({bucket.slice}, flat_params_.options()));
+      buf = grad_pieces_[b].defined()
+                ? grad_pieces_[b]
+                : (grad_pieces_[b] = torch::zeros({bucket.slice}, flat_params_.options()));
     else
       buf = torch::zeros({bucket.slice * group_->size()}, flat_params_.options());
   }

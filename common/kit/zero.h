@@ -13,20 +13,21 @@
 //                 DDP;
 //        stage 2: during backward, overlapped with it as DDP's all-reduces are: a bucket's
 //                 reduce-scatter starts, in the background, as soon as backward has made its
-//                 last gradient, straight from the buffer those gradients accumulated in, and
+//                 last gradient (and the buckets before it have gone: the same order on every
+//                 rank), straight from the buffer those gradients accumulated in, and
 //                 the bucket's .grads are freed once it is done (it reads them until then). At
 //                 most two buckets travel at once: when a bucket is full, the older of two is
 //                 waited for, so that a slow network cannot pile the gradients up; the end of
 //                 backward waits for the rest. After backward no .grad is left, only the
 //                 averaged shard, made bucket by bucket as the averages arrive: 4 P / N bytes of
-//                 gradients, and at no moment more full gradients than the buckets filling and
-//                 travelling. Two backward passes before a step add up.
+//                 gradients, and at no moment more full gradients than those of the buckets not
+//                 yet sent and of the two travelling. Two backward passes before a step add up.
 //   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
 //   3. the updated shards are all-gathered: every rank has the whole new model again.
 // The layout (kit/sharding.h, BucketLayout) is cut for this: buckets of whole parameters, in the
-// order backward makes their gradients (the last parameter first, as DDP's and DeepSpeed's
-// buckets), each split evenly over the ranks, rank r's shard being its slice of every bucket. So a
-// bucket is complete as soon as its own parameters' gradients are, wherever they sit in the model.
+// order backward is expected to make their gradients (the last parameter first, as DDP's first
+// buckets and DeepSpeed's), each split evenly over the ranks, rank r's shard being its slice of
+// every bucket. So a bucket is complete as soon as its own parameters' gradients are.
 // No full-size copy on the way, so that the peak, not only what is held between steps, is lower
 // than DDP's (kit/memory.h measures it): the parameters are views of one flat vector, which AdamW
 // updates in place and the all-gathers fill bucket by bucket; the gradients are views of flat
@@ -49,7 +50,8 @@
 // (that would move the weights and AdamW's state to a new layout). Where the two differ, a bucket
 // waits for its latest gradient, and the buckets after it wait with it: in TransformerLM's
 // post-norm encoder layer, norm1 is registered after the feed-forward, so its bucket goes first,
-// but its gradient comes after the feed-forward's. held() counts what a rank keeps between steps; the peak is kit/memory.h's.
+// but its gradient comes after the feed-forward's. held() counts what a rank keeps between steps;
+// the peak is kit/memory.h's.
 //
 // Wraps the model instead of DDP, never together with it (one error line: kit/param_claim.h).
 // At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.

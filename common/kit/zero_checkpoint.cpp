@@ -38,8 +38,8 @@ void save(const std::string& dir, ProcessGroup& group, const Manifest& m,
   write_atomically(shard_path(dir, group.rank(), group.size()), archive, "ZeRO checkpoint");
   if (group.rank() == 0) {
     std::ostringstream text;
-    text << "kit-zero-checkpoint " << version_of(m.stage) << "\nstage " << m.stage << "\nranks " << m.ranks << "\nparameters "
-         << m.parameters << "\n";
+    text << "kit-zero-checkpoint " << version_of(m.stage) << "\nstage " << m.stage << "\nranks "
+         << m.ranks << "\nparameters " << m.parameters << "\n";
     write_atomically(dir + "/MANIFEST", text.str(), "ZeRO checkpoint");
   }
   group.barrier();  // complete on every rank before anybody goes on (or is stopped)
