@@ -336,6 +336,29 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor inpu
   return Work(w);
 }
 
+Work ProcessGroup::reduce_scatter_scratch_async(torch::Tensor output, torch::Tensor input,
+                                                ReduceOp op, CallSite site) {
+  if (backend_ == "nccl" || !input.is_contiguous()) return reduce_scatter_async(output, input, op, site);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (input.numel() != size_ * output.numel() || output.scalar_type() != input.scalar_type())
+    throw CommError("reduce_scatter (" + site.str() + "): the input must hold world size (" +
+                    std::to_string(size_) + ") x the output's " + std::to_string(output.numel()) +
+                    " elements of the same dtype, it holds " + std::to_string(input.numel()));
+  auto w = enter("reduce_scatter", input, to_string(op), site);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  std::vector<torch::Tensor> list{wire(input, *w)};
+  try {
+    w->work = impl_->backend->allreduce(list, opts);
+  } catch (const std::exception& e) {
+    throw CommError(explain(e.what(), *w));
+  }
+  // wait() copies this rank's chunk of the reduced input into the output.
+  w->flat = input.narrow(0, rank_ * output.numel(), output.numel());
+  w->tensors = {output};
+  return Work(w);
+}
+
 void ProcessGroup::barrier(CallSite site) {
   std::shared_ptr<Work::Impl> w;
   {

@@ -98,6 +98,11 @@ class ProcessGroup {
   void reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op, CallSite site = {}) {
     reduce_scatter_async(output, input, op, site).wait();
   }
+  // The same, with `input` as scratch (its values are undefined after wait()): on Gloo, where
+  // c10d's reduce-scatter all-reduces a copy of the input, the input itself is all-reduced, and no
+  // copy of it is made. The same arithmetic and bytes; traced and counted as a reduce_scatter.
+  Work reduce_scatter_scratch_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
+                                    CallSite site = {});
   void barrier(CallSite site = {});
 
   // After shutdown() every collective throws CommError naming the call: destroy_process_group()

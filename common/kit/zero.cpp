@@ -27,13 +27,21 @@ std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
 // The collectives go bucket by bucket: c10d's Gloo makes a scratch copy as big as what it is
 // handed, for a reduce-scatter (an all-reduce inside: kit/compat.h, note 3) as for an all-gather
 // (a flat output of its own), and handed the whole flat vector, that copy alone would be 4 P bytes
-// at the peak, more than sharding saves on two ranks. A bucket takes from every rank's shard
-// `piece` elements: at most kBucket elements (4 MiB) over all the ranks, and at most an eighth of
-// a shard, so that small models are cut too; the bytes on the wire are the same.
+// at the peak, more than sharding saves on two ranks. A bucket holds at most kBucket elements
+// (4 MiB of fp32; one parameter larger than that is a bucket of its own) and at most an eighth of
+// the parameters, so that small models are cut too; the bytes on the wire are the same.
 constexpr int64_t kBucket = int64_t{1} << 20;
-int64_t piece(int64_t shard, int64_t world) {
-  return std::max<int64_t>(1, std::min(kBucket / world, (shard + 7) / 8));
+int64_t bucket_cap(const std::vector<torch::Tensor>& params) {
+  int64_t P = 0;
+  for (const auto& p : params) P += p.numel();
+  return std::max<int64_t>(1, std::min(kBucket, (P + 7) / 8));
 }
+
+// Stage 2: at most this many buckets' reduce-scatters on the wire at once, so that a slow network
+// bounds the gradients alive instead of letting them pile up. Two: one travels while the next is
+// sent. The peak is the same as with one (zero_report, README's model: 231.2 MB against 232.1 on
+// 2 ranks, 168.0-171.2 against 166.9-170.6 on 4, varying from run to run).
+constexpr size_t kInFlight = 2;
 
 int stage_1_or_2(int stage) {
   check_zero_stage(stage);
@@ -45,22 +53,31 @@ int stage_1_or_2(int stage) {
 
 }  // namespace
 
-// Stage 2: the buckets of reduce_scatter_grads(), reduce-scattered during backward as soon as every
-// parameter with a part in them has its gradient, from the last bucket down (the same order on
-// every rank, whatever order backward takes); a parameter's .grad is freed once every bucket it
-// has a part in is done. With a shard of S elements a bucket holds elements [at, at + len) of each
-// rank's shard, so that in a backward that runs from the last parameter to the first, the last
-// bucket is complete when backward is halfway through (N = 2), and from then on the gradients
-// alive are about a shard's worth, 4 P / N bytes, instead of all of them.
+// Stage 2's state during a backward. A bucket's gradients accumulate straight into its own flat
+// buffer (each .grad a view of its part, made just before autograd adds the parameter's first
+// gradient: 0 + g is g, bit for bit; a bucket of one large parameter uses autograd's gradient
+// itself); once the last of them is in, the buffer IS the reduce-scatter's input, launched in the
+// background (no copy, no wait), its output this rank's piece of the averaged shard
+// (grad_pieces_), made then. The bucket's .grads and its buffer are dropped once its collective is
+// done, not before: it reads them. On one rank there is nothing to average: each buffer is the
+// bucket's piece itself, and no collective runs.
 struct ZeroOptimizer::Overlap {
-  int64_t S = 0, N = 0, C = 0, B = 0;          // shard, ranks, piece, buckets
-  std::vector<std::vector<int64_t>> buckets_of;  // parameter -> the buckets it has a part in
-  std::vector<std::vector<int64_t>> params_of;   // bucket -> the parameters with a part in it
-  std::vector<int64_t> bucket_waits, param_waits;  // this backward: parameters, buckets to come
-  std::vector<bool> ready;
-  int64_t next = -1;         // the next bucket to reduce-scatter; -1: not in a backward
-  bool accumulate = false;   // a second backward before step(): add to grad_shard_
-  bool unused = false;       // grad_shard_ holds averages step() has not used yet
+  struct InFlight {
+    size_t bucket;
+    Work work;
+    torch::Tensor sum;  // accumulating: the average arrives here, then is added to its piece
+  };
+  std::vector<torch::Tensor> buffers;  // per bucket, while it fills and travels: its N slices
+  // Per bucket: one parameter that needs no padding. Its .grad, as autograd makes it, is the
+  // buffer already: no window, and no second copy of a large gradient beside autograd's own.
+  std::vector<bool> solo;
+  std::vector<int64_t> pending;        // per bucket: gradients still to come in this backward
+  std::vector<bool> ready;             // per parameter, in this backward
+  std::vector<InFlight> in_flight;     // oldest first
+  size_t next = 0;           // the next bucket to launch: in order, the same on every rank
+  bool in_backward = false;
+  bool accumulate = false;   // a second backward before step(): add to grad_pieces_
+  bool unused = false;       // grad_pieces_ hold averages step() has not used yet
   std::vector<compat::NodePtr> accumulators;
   std::vector<uintptr_t> keys;
 };
@@ -77,89 +94,127 @@ struct GradReady : torch::autograd::FunctionPostHook {
 };
 }  // namespace
 
+// Two hooks per parameter: one on its gradient, before autograd adds it into .grad (before_grad),
+// one on the node that adds it, after (mark_ready).
 void ZeroOptimizer::start_overlap() {
   auto o = std::make_unique<Overlap>();
-  o->S = layout_.shard();
-  o->N = group_->size();
-  o->C = piece(o->S, o->N);
-  o->B = (o->S + o->C - 1) / o->C;
-  o->buckets_of.resize(params_.size());
-  o->params_of.resize(o->B);
+  const size_t B = layout_.buckets().size();
+  o->buffers.resize(B);
+  o->pending.assign(B, 0);
+  o->ready.assign(params_.size(), false);
+  for (const auto& bucket : layout_.buckets())
+    o->solo.push_back(group_->size() > 1 && bucket.params.size() == 1 &&
+                      params_[bucket.params[0]].numel() == bucket.slice * group_->size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t begin = layout_.offset(i), end = begin + params_[i].numel();
-    for (int64_t r = 0; r < o->N; ++r) {  // its part in each rank's shard, in shard coordinates
-      const int64_t lo = std::max(begin, r * o->S) - r * o->S;
-      const int64_t hi = std::min(end, (r + 1) * o->S) - r * o->S;
-      if (lo >= hi) continue;  // nothing of it in shard r
-      for (int64_t b = lo / o->C; b <= (hi - 1) / o->C; ++b) o->buckets_of[i].push_back(b);
-    }
-    std::sort(o->buckets_of[i].begin(), o->buckets_of[i].end());
-    o->buckets_of[i].erase(std::unique(o->buckets_of[i].begin(), o->buckets_of[i].end()), o->buckets_of[i].end());
-    for (int64_t b : o->buckets_of[i]) o->params_of[b].push_back(static_cast<int64_t>(i));
-  }
-  for (size_t i = 0; i < params_.size(); ++i) {
+    hooks_.push_back(params_[i].register_hook([this, i](const torch::Tensor&) { before_grad(i); }));
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    o->keys.push_back(acc->add_post_hook(std::make_unique<GradReady>([this, i] { on_grad_ready(i); })));
+    o->keys.push_back(acc->add_post_hook(std::make_unique<GradReady>([this, i] { mark_ready(i); })));
     o->accumulators.push_back(std::move(acc));
   }
   overlap_ = std::move(o);
 }
 
-void ZeroOptimizer::on_grad_ready(size_t i) {
+void ZeroOptimizer::before_grad(size_t i) {
   Overlap& o = *overlap_;
   torch::NoGradGuard no_grad;
-  if (o.next < 0) {  // the first gradient of this backward
-    o.next = o.B - 1;
-    o.bucket_waits.assign(o.B, 0);
-    for (int64_t b = 0; b < o.B; ++b) o.bucket_waits[b] = static_cast<int64_t>(o.params_of[b].size());
-    o.param_waits.clear();
-    for (auto& bs : o.buckets_of) o.param_waits.push_back(static_cast<int64_t>(bs.size()));
-    o.ready.assign(params_.size(), false);
-    o.accumulate = o.unused;  // else what grad_shard_ holds is the last step's: written over
+  if (!o.in_backward) {  // the first gradient of this backward
+    o.in_backward = true;
+    o.next = 0;
+    for (size_t b = 0; b < o.pending.size(); ++b)
+      o.pending[b] = static_cast<int64_t>(layout_.buckets()[b].params.size());
+    std::fill(o.ready.begin(), o.ready.end(), false);
+    o.accumulate = o.unused;  // else what grad_pieces_ hold is the last step's: made anew
     o.unused = true;
-    if (!o.accumulate) grad_shard_ = torch::empty({o.S}, flat_params_.options());
+    // The averaged shard is made piece by piece, as each bucket's average arrives (buffer(),
+    // launch_ready()), not all at the start of backward, when the activations are at their peak.
+    if (!o.accumulate) grad_pieces_.assign(layout_.buckets().size(), torch::Tensor());
     // Every rank must contribute every bucket, even where a parameter got no gradient (zeros).
-    torch::autograd::Engine::get_default_engine().queue_callback([this] {
-      for (size_t k = 0; k < params_.size(); ++k) mark_ready(k);
-      overlap_->next = -1;
-    });
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  mark_ready(i);
+  if (o.solo[layout_.bucket_of(i)]) return;  // autograd's gradient is the buffer (buffer())
+  auto& grad = params_[i].mutable_grad();
+  auto place = layout_.part_of_bucket(buffer(layout_.bucket_of(i)), i);
+  if (grad.defined() && !grad.is_same(place)) place.copy_(grad);  // a .grad set by hand
+  grad = place;
+}
+
+torch::Tensor& ZeroOptimizer::buffer(size_t b) {
+  auto& buf = overlap_->buffers[b];
+  if (!buf.defined()) {
+    const auto& bucket = layout_.buckets()[b];
+    const auto& solo_grad = params_[bucket.params[0]].grad();
+    if (overlap_->solo[b] && solo_grad.defined())  // complete (launch_ready), as autograd left it
+      buf = solo_grad.contiguous().view(-1);
+    else if (group_->size() == 1)  // the whole bucket is this rank's piece: zeros, then the sum
+      buf = grad_pieces_[b].defined()
+                ? grad_pieces_[b]
+                : (grad_pieces_[b] = torch::zeros({bucket.slice}, flat_params_.options()));
+    else
+      buf = torch::zeros({bucket.slice * group_->size()}, flat_params_.options());
+  }
+  return buf;
 }
 
 void ZeroOptimizer::mark_ready(size_t i) {
   Overlap& o = *overlap_;
-  if (o.ready[i]) return;
+  if (!o.in_backward || o.ready[i]) return;
   o.ready[i] = true;
-  for (int64_t b : o.buckets_of[i]) --o.bucket_waits[b];
-  while (o.next >= 0 && o.bucket_waits[o.next] == 0) reduce_bucket(o.next--);
+  if (--o.pending[layout_.bucket_of(i)] > 0) return;
+  // A bucket is full: the older of two travelling is waited for now, even where this one cannot
+  // go yet (a bucket before it still waits for a gradient), else it would stay alive while more
+  // fill up. A bucket is freed only when it is waited for: c10d cannot be asked whether Gloo's
+  // reduce-scatter is done (its isCompleted() stays false, even after wait(); measured).
+  while (o.in_flight.size() >= kInFlight) complete_oldest();
+  launch_ready();
 }
 
-void ZeroOptimizer::reduce_bucket(int64_t b) {
+void ZeroOptimizer::launch_ready() {
   Overlap& o = *overlap_;
-  const int64_t at = b * o.C, len = std::min(o.C, o.S - at);
-  auto in = torch::zeros({o.N * len}, flat_params_.options());  // zeros: padding, no gradient
-  for (int64_t r = 0; r < o.N; ++r) {
-    const int64_t piece_begin = r * o.S + at;
-    for (int64_t i : o.params_of[b]) {
-      const auto& g = params_[i].grad();
-      const int64_t begin = layout_.offset(i);
-      const int64_t lo = std::max(begin, piece_begin);
-      const int64_t hi = std::min(begin + params_[i].numel(), piece_begin + len);
-      if (g.defined() && lo < hi)
-        in.narrow(0, r * len + lo - piece_begin, hi - lo).copy_(g.reshape(-1).narrow(0, lo - begin, hi - lo));
+  torch::NoGradGuard no_grad;
+  const auto& buckets = layout_.buckets();
+  while (o.next < buckets.size() && o.pending[o.next] == 0) {
+    const size_t b = o.next++;
+    if (group_->size() == 1) continue;  // one rank's average is its own gradient, already in place
+    auto in = buffer(b);
+    while (o.in_flight.size() >= kInFlight) complete_oldest();
+    auto& mine = grad_pieces_[b];
+    torch::Tensor sum;
+    if (o.accumulate) sum = torch::empty_like(mine);
+    else mine = torch::empty({buckets[b].slice}, flat_params_.options());
+    // The buffer is dropped once this is done: the collective may use it as its scratch.
+    Work work = group_->reduce_scatter_scratch_async(sum.defined() ? sum : mine, in, ReduceOp::AVG);
+    o.in_flight.push_back({b, std::move(work), std::move(sum)});
+  }
+}
+
+void ZeroOptimizer::complete_oldest() {
+  Overlap& o = *overlap_;
+  Overlap::InFlight f = std::move(o.in_flight.front());
+  o.in_flight.erase(o.in_flight.begin());
+  f.work.wait();
+  const auto& bucket = layout_.buckets()[f.bucket];
+  if (f.sum.defined()) grad_pieces_[f.bucket].add_(f.sum);
+  for (size_t i : bucket.params) params_[i].mutable_grad() = torch::Tensor();
+  o.buffers[f.bucket] = torch::Tensor();
+}
+
+// The end of backward (autograd's callback): a parameter without a gradient adds zeros (its part
+// of a buffer, made zero) and keeps no .grad; the last buckets go, and all are waited for, so that
+// after backward only grad_pieces_ are left.
+void ZeroOptimizer::finish_backward() {
+  Overlap& o = *overlap_;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!o.ready[i]) {
+      buffer(layout_.bucket_of(i));
+      o.ready[i] = true;
+      --o.pending[layout_.bucket_of(i)];
     }
-  }
-  auto mine = grad_shard_.narrow(0, at, len);
-  if (o.accumulate) {
-    auto sum = torch::empty({len}, mine.options());
-    group_->reduce_scatter(sum, in, ReduceOp::AVG);
-    mine.add_(sum);
-  } else {
-    group_->reduce_scatter(mine, in, ReduceOp::AVG);
-  }
-  for (int64_t i : o.params_of[b])
-    if (--o.param_waits[i] == 0) params_[i].mutable_grad() = torch::Tensor();  // all of it sent
+  o.in_backward = false;
+  launch_ready();
+  while (!o.in_flight.empty()) complete_oldest();
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();  // one rank: views of the pieces
+  for (auto& buf : o.buffers) buf = torch::Tensor();
 }
 
 ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options)
@@ -168,13 +223,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
       stage_(stage_1_or_2(options.stage)),
       params_(trainable(params)),
       claim_(params_, "ZeRO-" + std::to_string(stage_)),
-      layout_(params_, group_->size(), group_->rank()),
+      layout_(params_, group_->size(), group_->rank(), bucket_cap(params_)),
       adamw_(options.adamw, torch::zeros({layout_.shard()}, params_[0].options().requires_grad(false))),
       max_grad_norm_(check_max_grad_norm(options.max_grad_norm, "ZeroOptimizer")) {
   // Rank 0's weights everywhere, as DDP does: in one flat broadcast. That flat vector then IS the
   // weights: each parameter becomes a view of its part (set_data keeps the parameter, which the
-  // model holds, and frees its old storage), so that AdamW updates this rank's shard in place
-  // and the all-gather writes straight into the weights, with no flat copy of them in between.
+  // model holds, and frees its old storage), so that AdamW updates this rank's slices in place
+  // and the all-gathers write straight into the weights, with no flat copy of them in between.
   torch::NoGradGuard no_grad;
   flat_params_ = layout_.flatten(params_);
   group_->broadcast(flat_params_, 0);
@@ -182,7 +237,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
   // Stage 2 reduce-scatters during backward (Overlap, above). At stage 1 the gradients are views
   // of one flat buffer too: before backward accumulates the first of them, every .grad becomes a
   // zeroed view of it (AccumulateGrad then adds into it in place: 0 + g is g, bit for bit), and
-  // the reduce-scatter in step() reads that buffer as it is.
+  // the reduce-scatters in step() read that buffer as it is.
   if (stage_ == 2) {
     start_overlap();
     return;
@@ -214,74 +269,82 @@ void ZeroOptimizer::drop_grads() {
 
 void ZeroOptimizer::zero_grad() {
   drop_grads();
-  grad_shard_ = torch::Tensor();
+  grad_pieces_.clear();
   if (overlap_) overlap_->unused = false;
 }
 
 void ZeroOptimizer::step() {
   torch::NoGradGuard no_grad;
-  // 1. Average the gradients, but only our shard of them comes back: a reduce-scatter, straight
-  //    from the flat gradient buffer (zeros if backward made none).
-  torch::Tensor my_grad;
+  // 1. Average the gradients, but only our shard of them comes back: reduce-scatters, straight
+  //    from the flat gradient buffer (zeros if backward made none). On one rank the average is the
+  //    gradient itself: the buffer is the shard, with no copy (so that ZeRO-1 holds no more than
+  //    DDP there).
+  std::vector<torch::Tensor> my_grad;  // per bucket: this rank's slice of it, averaged
   if (stage_ == 2 && overlap_->unused) {
-    my_grad = grad_shard_;  // reduce-scattered during backward
+    my_grad = grad_pieces_;  // reduce-scattered during backward
     overlap_->unused = false;
   } else {
-    my_grad = torch::empty({layout_.shard()}, flat_params_.options());
-    reduce_scatter_grads(my_grad);
+    torch::Tensor shard;
+    if (group_->size() == 1) {
+      shard = flat_grads();
+    } else {
+      shard = torch::empty({layout_.shard()}, flat_params_.options());
+      reduce_scatter_grads(shard);
+    }
+    for (const auto& bucket : layout_.buckets())
+      my_grad.push_back(shard.narrow(0, bucket.shard_begin, bucket.slice));
   }
   // --clip-grad: the global norm of the averaged gradient, from every rank's shard of it.
-  if (max_grad_norm_ > 0) grad_norm_ = clip_shard_grads_({my_grad}, max_grad_norm_, *group_);
+  if (max_grad_norm_ > 0) grad_norm_ = clip_shard_grads_(my_grad, max_grad_norm_, *group_);
   if (stage_ == 2) {
-    grad_shard_ = my_grad;  // the only gradient kept; the full ones go before AdamW's temporaries
+    grad_pieces_ = my_grad;  // the only gradient kept; the full ones go before AdamW's temporaries
     drop_grads();
   }
   // Stage 1 keeps every parameter's .grad as backward left it (this rank's own gradient, not
-  // the average): gradient memory is not sharded at stage 1.
+  // the average; on one rank, where they are the same, clipped as clip_grad_norm_ leaves it):
+  // gradient memory is not sharded at stage 1.
   // 2. AdamW on our shard only, with our shard of the state: in place, in the weights.
-  adamw_.update(layout_.own(flat_params_), my_grad);
-  my_grad = torch::Tensor();  // stage 1: the averaged shard is done with, before the all-gather
-  // 3. Everybody's updated shard, to everybody.
-  gather_params(layout_.own(flat_params_));
+  adamw_.update(layout_.own_pieces(flat_params_), my_grad);
+  my_grad.clear();  // stage 1: the averaged shard is done with, before the all-gathers
+  // 3. Everybody's updated slices, to everybody.
+  gather_params();
 }
 
-// Bucket b holds, for every rank r, elements [at, at + len) of r's shard: the reduce-scatter of the
-// bucket gives this rank those elements of its own shard, averaged.
-void ZeroOptimizer::reduce_scatter_grads(torch::Tensor& my_grad) {
-  const int64_t S = layout_.shard(), N = group_->size();
-  const int64_t C = piece(S, N);
+// Bucket b's reduce-scatter gives this rank its slice of the bucket, averaged: elements
+// [shard_begin, shard_begin + slice) of its shard.
+void ZeroOptimizer::reduce_scatter_grads(const torch::Tensor& my_grad) {
   torch::Tensor& grads = flat_grads();
-  auto bucket = torch::empty({N * C}, grads.options());
-  for (int64_t at = 0; at < S; at += C) {
-    const int64_t len = std::min(C, S - at);
-    auto in = bucket.narrow(0, 0, N * len);
-    for (int64_t r = 0; r < N; ++r) in.narrow(0, r * len, len).copy_(grads.narrow(0, r * S + at, len));
-    group_->reduce_scatter(my_grad.narrow(0, at, len), in, ReduceOp::AVG);
-  }
+  const auto& buckets = layout_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b)
+    group_->reduce_scatter(my_grad.narrow(0, buckets[b].shard_begin, buckets[b].slice),
+                           layout_.bucket(grads, b), ReduceOp::AVG);
 }
 
-// The other way round: every rank's elements [at, at + len) of its shard, into the weights.
-void ZeroOptimizer::gather_params(const torch::Tensor& own) {
+// The other way round: every rank's slice of bucket b, straight into the weights. The input is a
+// copy of this rank's slice (one slice, at most a bucket / N), as the output holds it too.
+void ZeroOptimizer::gather_params() {
+  if (group_->size() == 1) return;  // the one shard is all of the weights, updated in place
   torch::NoGradGuard no_grad;
-  const int64_t S = layout_.shard(), N = group_->size();
-  const int64_t C = piece(S, N);
-  auto bucket = torch::empty({N * C}, flat_params_.options());
-  for (int64_t at = 0; at < S; at += C) {
-    const int64_t len = std::min(C, S - at);
-    auto out = bucket.narrow(0, 0, N * len);
-    group_->all_gather(out, own.narrow(0, at, len));
-    for (int64_t r = 0; r < N; ++r)
-      flat_params_.narrow(0, r * S + at, len).copy_(out.narrow(0, r * len, len));
-  }
+  for (size_t b = 0; b < layout_.buckets().size(); ++b)
+    group_->all_gather(layout_.bucket(flat_params_, b), layout_.own(flat_params_, b).clone());
 }
 
-torch::Tensor ZeroOptimizer::own_params() const { return layout_.own(flat_params_).clone(); }
+torch::Tensor ZeroOptimizer::own_params() const {
+  return torch::cat(layout_.own_pieces(flat_params_));
+}
 
 void ZeroOptimizer::load_own_params(const torch::Tensor& shard) {
   if (shard.numel() != layout_.shard())
     throw std::invalid_argument("ZeroOptimizer: a shard of " + std::to_string(shard.numel()) +
                                 " elements for shards of " + std::to_string(layout_.shard()));
-  gather_params(shard.to(params_[0].options().requires_grad(false)));
+  torch::NoGradGuard no_grad;
+  auto values = shard.reshape(-1).to(flat_params_.options());
+  int64_t at = 0;
+  for (auto& piece : layout_.own_pieces(flat_params_)) {
+    piece.copy_(values.narrow(0, at, piece.numel()));
+    at += piece.numel();
+  }
+  gather_params();
 }
 
 HeldBytes ZeroOptimizer::held() const {
@@ -289,7 +352,7 @@ HeldBytes ZeroOptimizer::held() const {
   b.params = bytes_of(params_);
   std::vector<torch::Tensor> grads;
   for (const auto& p : params_) grads.push_back(p.grad());
-  grads.push_back(grad_shard_);
+  grads.insert(grads.end(), grad_pieces_.begin(), grad_pieces_.end());
   b.grads = bytes_of(grads);
   b.optimizer = adamw_.bytes();
   return b;

@@ -5,36 +5,53 @@
 //
 // Under DDP every rank keeps AdamW's two moments for every parameter: 8 bytes a parameter, twice
 // the model itself, stored N times over. Here rank r keeps them only for its shard of the flat
-// parameter vector (kit/sharding.h), and one step is:
+// parameter vector, and one step is:
 //   1. the gradients are reduce-scattered: rank r receives only the average over the ranks of
 //      its shard of them, all it needs to update its shard.
 //        stage 1: in step(). Every parameter's .grad stays as backward made it (this rank's
 //                 gradient, not the average) until zero_grad(): 4 P bytes of gradients, as under
 //                 DDP;
-//        stage 2: during backward, bucket by bucket as the gradients come (as DeepSpeed does),
-//                 each parameter's .grad freed once all of it is sent: after backward no .grad is
-//                 left, only the averaged shard: 4 P / N bytes of gradients, and at no moment all
-//                 of the full gradients. Two backward passes before a step add up.
+//        stage 2: during backward, overlapped with it as DDP's all-reduces are: a bucket's
+//                 reduce-scatter starts, in the background, as soon as backward has made its
+//                 last gradient (and the buckets before it have gone: the same order on every
+//                 rank), straight from the buffer those gradients accumulated in, and
+//                 the bucket's .grads are freed once it is done (it reads them until then). At
+//                 most two buckets travel at once: when a bucket is full, the older of two is
+//                 waited for, so that a slow network cannot pile the gradients up; the end of
+//                 backward waits for the rest. After backward no .grad is left, only the
+//                 averaged shard, made bucket by bucket as the averages arrive: 4 P / N bytes of
+//                 gradients, and at no moment more full gradients than those of the buckets not
+//                 yet sent and of the two travelling. Two backward passes before a step add up.
 //   2. AdamW updates this rank's shard of the weights, with this rank's shard of the state;
 //   3. the updated shards are all-gathered: every rank has the whole new model again.
+// The layout (kit/sharding.h, BucketLayout) is cut for this: buckets of whole parameters, in the
+// order backward is expected to make their gradients (the last parameter first, as DDP's first
+// buckets and DeepSpeed's), each split evenly over the ranks, rank r's shard being its slice of
+// every bucket. So a bucket is complete as soon as its own parameters' gradients are.
 // No full-size copy on the way, so that the peak, not only what is held between steps, is lower
-// than DDP's (kit/memory.h measures it): the parameters are views of one flat vector, which
-// AdamW updates in place and the all-gather fills; at stage 1 the gradients are views of another,
-// which the reduce-scatter reads; the collectives go in buckets of at most 4 MiB (zero.cpp says
-// why).
+// than DDP's (kit/memory.h measures it): the parameters are views of one flat vector, which AdamW
+// updates in place and the all-gathers fill bucket by bucket; the gradients are views of flat
+// buffers too (stage 1: one for all; stage 2: one per bucket, or autograd's own gradient for a
+// bucket of one large parameter), which the reduce-scatters read as they are; the buckets hold at
+// most 4 MiB (zero.cpp says why). On one rank nothing is averaged or gathered: the gradients are
+// the "shard" (no copy), and neither stage peaks above DDP (measured: README's model, ZeRO-1 equal
+// to DDP, ZeRO-2 6% below; tests/ddp/zero_test.cpp, ZeroPeak).
 // Communication per step, stage 1 or 2: a reduce-scatter plus an all-gather, the same bytes as
 // DDP's all-reduce (a ring all-reduce IS a reduce-scatter followed by an all-gather).
 //
 // Reduce-scatter on Gloo: c10d itself emulates it with an all-reduce (kit/compat.h, note 3), so
 // on CPU ZeRO-2 receives the right shard but the wire carries a whole all-reduce; NCCL has a
-// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's.
+// real one. The byte counts of kit::ring_bytes() are the ring algorithm's, not Gloo's. ZeRO-2's
+// buckets are dropped after their collective, so it lets the all-reduce work in the bucket itself
+// (ProcessGroup::reduce_scatter_scratch_async) and saves c10d's copy of it.
 //
-// Simplification, said plainly: a bucket is the same slice of every rank's shard, so in a
-// backward that runs from the last parameter to the first, no bucket is complete before backward is
-// halfway through (N = 2): about a shard's worth of full gradients is alive at once (DeepSpeed's
-// buckets are cut from the gradients in the order they come, then split by rank). The
-// reduce-scatters run in backward's thread and wait: they overlap nothing, unlike DDP's
-// all-reduces. held() counts what a rank keeps between steps; the peak is kit/memory.h's.
+// Simplification, said plainly: the buckets follow the reverse of the parameters' order, and
+// unlike DDP's (kit/ddp.h) they are not rebuilt from the order the gradients really arrive in
+// (that would move the weights and AdamW's state to a new layout). Where the two differ, a bucket
+// waits for its latest gradient, and the buckets after it wait with it: in TransformerLM's
+// post-norm encoder layer, norm1 is registered after the feed-forward, so its bucket goes first,
+// but its gradient comes after the feed-forward's. held() counts what a rank keeps between steps;
+// the peak is kit/memory.h's.
 //
 // Wraps the model instead of DDP, never together with it (one error line: kit/param_claim.h).
 // At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.
@@ -49,7 +66,7 @@
 
 #include "kit/param_claim.h"    // ParameterClaim: not together with DDP
 #include "kit/process_group.h"  // ProcessGroup: reduce_scatter, all_gather, broadcast
-#include "kit/sharding.h"       // ShardLayout, ShardedAdamW, HeldBytes
+#include "kit/sharding.h"       // BucketLayout, ShardedAdamW, HeldBytes
 
 namespace kit {
 
@@ -77,7 +94,7 @@ class ZeroOptimizer {
   void step();       // the three steps above; every rank must call it
 
   HeldBytes held() const;
-  const ShardLayout& layout() const { return layout_; }
+  const BucketLayout& layout() const { return layout_; }
   int stage() const { return stage_; }
   // The averaged gradient's global norm before clipping, at the last step (undefined without
   // max_grad_norm): a 0-d tensor on the gradients' device, as clip_grad_norm_ returns it.
@@ -92,14 +109,17 @@ class ZeroOptimizer {
   void load_own_params(const torch::Tensor& shard);
 
  private:
-  void gather_params(const torch::Tensor& own);  // all-gather the shards into the parameters
-  void reduce_scatter_grads(torch::Tensor& my_grad);  // bucket by bucket, from flat_grads_
+  void gather_params();  // all-gather every rank's slices into the weights, bucket by bucket
+  void reduce_scatter_grads(const torch::Tensor& my_grad);  // bucket by bucket, from flat_grads_
   torch::Tensor& flat_grads();  // the flat gradient buffer, made (zeros) and handed out as .grad
   struct Overlap;               // stage 2: reduce-scatter during backward (zero.cpp)
   void start_overlap();
-  void on_grad_ready(size_t i);
+  void before_grad(size_t i);   // parameter i's .grad: its place in its bucket's buffer
+  torch::Tensor& buffer(size_t b);  // bucket b's gradients, made on first use
   void mark_ready(size_t i);
-  void reduce_bucket(int64_t b);
+  void launch_ready();          // the complete buckets' reduce-scatters, in order, async
+  void complete_oldest();       // waits for one, frees its .grads and buffer
+  void finish_backward();       // autograd's callback: the rest, and wait for all
   void drop_grads();            // every .grad and the buffer under them
 
   std::shared_ptr<ProcessGroup> keep_group_;
@@ -107,13 +127,14 @@ class ZeroOptimizer {
   int stage_;
   std::vector<torch::Tensor> params_;
   ParameterClaim claim_;
-  ShardLayout layout_;
+  BucketLayout layout_;
   ShardedAdamW adamw_;
   torch::Tensor flat_params_;  // N S elements; every parameter is a view of its part
   torch::Tensor flat_grads_;   // N S elements while gradients exist; every .grad is a view
-  std::vector<unsigned> hooks_;  // stage 1, per parameter: the hook that makes flat_grads_
+  std::vector<unsigned> hooks_;  // per parameter: the hook before its gradient is added
   std::unique_ptr<Overlap> overlap_;  // stage 2
-  torch::Tensor grad_shard_;  // stage 2: the only gradient kept, S elements
+  // Stage 2: the only gradient kept, this rank's averaged shard (S elements), one piece a bucket.
+  std::vector<torch::Tensor> grad_pieces_;
   double max_grad_norm_;      // 0: no clipping
   torch::Tensor grad_norm_;
 };

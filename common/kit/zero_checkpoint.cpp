@@ -18,6 +18,11 @@ struct Manifest {
   int64_t parameters = 0;
 };
 
+// The MANIFEST's version: 2 for ZeRO-1/2's shards as slices of gradient-ordered buckets
+// (kit/sharding.h, BucketLayout); 1 for ZeRO-3, and for ZeRO-1/2 in the layout before it, whose
+// shards were contiguous runs of the flat vector and cannot be loaded into the new one.
+int version_of(int stage) { return stage == 3 ? 1 : 2; }
+
 std::string shard_path(const std::string& dir, int rank, int ranks) {
   return dir + "/shard-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".pt";
 }
@@ -33,8 +38,8 @@ void save(const std::string& dir, ProcessGroup& group, const Manifest& m,
   write_atomically(shard_path(dir, group.rank(), group.size()), archive, "ZeRO checkpoint");
   if (group.rank() == 0) {
     std::ostringstream text;
-    text << "kit-zero-checkpoint 1\nstage " << m.stage << "\nranks " << m.ranks << "\nparameters "
-         << m.parameters << "\n";
+    text << "kit-zero-checkpoint " << version_of(m.stage) << "\nstage " << m.stage << "\nranks "
+         << m.ranks << "\nparameters " << m.parameters << "\n";
     write_atomically(dir + "/MANIFEST", text.str(), "ZeRO checkpoint");
   }
   group.barrier();  // complete on every rank before anybody goes on (or is stopped)
@@ -48,7 +53,7 @@ std::vector<int64_t> load(const std::string& dir, ProcessGroup& group, const Man
   std::string magic, key;
   int version = 0;
   Manifest m;
-  if (!(in >> magic >> version) || magic != "kit-zero-checkpoint" || version != 1 ||
+  if (!(in >> magic >> version) || magic != "kit-zero-checkpoint" || version < 1 || version > 2 ||
       !(in >> key >> m.stage >> key >> m.ranks >> key >> m.parameters))
     throw ZeroCheckpointError(dir + ": not a ZeRO checkpoint (no valid MANIFEST)");
   if (m.ranks != group.size())
@@ -60,6 +65,9 @@ std::vector<int64_t> load(const std::string& dir, ProcessGroup& group, const Man
                               std::to_string(m.parameters) + " parameters, this run is ZeRO-" +
                               std::to_string(want.stage) + " with " +
                               std::to_string(want.parameters));
+  if (version != version_of(m.stage))
+    throw ZeroCheckpointError(dir + ": a ZeRO-" + std::to_string(m.stage) + " checkpoint in the " +
+                              "layout before gradient-ordered buckets: this kit cannot resume it");
   const std::string path = shard_path(dir, group.rank(), group.size());
   torch::serialize::InputArchive archive;
   try {

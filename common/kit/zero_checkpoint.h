@@ -6,9 +6,10 @@
 // Under ZeRO no rank has the whole training state (ZeRO-1/2: nobody has all of AdamW's moments;
 // ZeRO-3: nobody has the weights), so nobody could write the usual single file without first
 // gathering everything onto one rank. Instead rank r writes <dir>/shard-<r>-of-<N>.pt: its shard
-// of the weights, its AdamW moments and step count; rank 0 also writes <dir>/MANIFEST (the ZeRO
-// stage, the number of ranks, the number of parameters). Each file is written atomically
-// (kit/files.h). Loading puts every tensor back exactly: the run continues bit for bit.
+// of the weights, its AdamW moments and step count; rank 0 also writes <dir>/MANIFEST (the
+// layout's version, the ZeRO stage, the number of ranks, the number of parameters; a ZeRO-1/2
+// checkpoint of the layout before gradient-ordered buckets is refused with one line). Each file
+// is written atomically (kit/files.h). Loading puts every tensor back exactly: the run continues bit for bit.
 // Inside a checkpoint of kit::Checkpoints (save_sharded, <checkpoint>/zero), every shard is in
 // the checkpoint's MANIFEST with its size and checksum, and resume_sharded has each rank verify
 // its own shard, and the ranks agree, before load_zero_checkpoint's first collective.

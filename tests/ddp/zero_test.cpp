@@ -6,7 +6,10 @@
 // order), hold the bytes the ZeRO formula says, and send the bytes the ring model says.
 // The vocabulary (61 words) makes the parameter count odd: the layouts need padding.
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <unistd.h>  // getpid
 #include <functional>
 #include <stdexcept>
@@ -73,10 +76,28 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
   const std::vector<RankRun> zero = train(stage, n, GetParam().recompute);
   ASSERT_EQ(zero.size(), static_cast<size_t>(n));
   EXPECT_GT(std::abs(ddp[0].losses.front() - ddp[0].losses.back()), 1e-3) << "training must move";
+  // ZeRO-1/2 on 1 and 2 ranks: exactly equal, the arithmetic being the same (nothing averaged
+  // on one rank; on two every average is (a + b) / 2, whatever the algorithm). Otherwise the sums
+  // may go in another order (Gloo's ring cuts DDP's buckets and ZeRO's differently; ZeRO-3
+  // computes per unit). The differences printed below were, on 4 ranks, 0 on the losses and
+  // 6.1e-9 on the weights for ZeRO-1/2, 1.1e-7 on the losses for ZeRO-3: bounds of 1e-6 and 1e-5.
+  const bool exact = stage < 3 && n <= 2;
+  const double tolerance = exact ? 0 : stage < 3 ? 1e-6 : 1e-5;
+  const double loss_tolerance = tolerance, weight_tolerance = tolerance;
+  double worst_loss = 0, worst_weight = 0;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t k = 0; k < kSteps && k < static_cast<int64_t>(zero[r].losses.size()); ++k)
+      worst_loss = std::max(worst_loss, std::abs(zero[r].losses[k] - ddp[r].losses[k]) / std::abs(ddp[r].losses[k]));
+    if (stage < 3)
+      for (size_t u = 0; u < ddp[0].weights.size(); ++u)
+        worst_weight = std::max(worst_weight, relative(zero[r].weights[u], ddp[0].weights[u]));
+  }
+  std::printf("ZeRO-%d on %d ranks: largest relative difference to DDP: loss %.2g, weights %.2g\n",
+              stage, n, worst_loss, worst_weight);
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ(zero[r].losses.size(), static_cast<size_t>(kSteps));
     for (int64_t k = 0; k < kSteps; ++k)
-      EXPECT_NEAR(zero[r].losses[k], ddp[r].losses[k], 1e-5 * std::abs(ddp[r].losses[k]))
+      EXPECT_NEAR(zero[r].losses[k], ddp[r].losses[k], loss_tolerance * std::abs(ddp[r].losses[k]))
           << "rank " << r << ", step " << k + 1;
     // The bytes held, measured on the tensors, against the formula with this layout's padding.
     const auto want = kit::formula_bytes(stage, zero[r].P, zero[r].padded, n);
@@ -88,7 +109,8 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
     EXPECT_EQ(ddp[r].held.params, dp.params);
     EXPECT_EQ(ddp[r].held.grads, dp.grads);
     EXPECT_EQ(ddp[r].held.optimizer, dp.optimizer);
-    EXPECT_LT(zero[r].held.total(), ddp[r].held.total()) << "sharding must hold less than DDP";
+    if (n > 1) EXPECT_LT(zero[r].held.total(), ddp[r].held.total()) << "sharding must hold less than DDP";
+    else EXPECT_EQ(zero[r].held.total(), ddp[r].held.total()) << "one rank: the shard is everything";
     if (stage == 3) {  // one unit's full weights at a time: the largest, a Transformer block
       EXPECT_GT(zero[r].held.gathered_peak, 0);
       EXPECT_LT(zero[r].held.gathered_peak, 4 * zero[r].P);
@@ -103,7 +125,7 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
       const int64_t len = ddp[0].weights[u].numel();
       const auto w = zero[r].weights[u].narrow(0, 0, len);
       worst = std::max(worst, relative(w, ddp[0].weights[u]));
-      EXPECT_LE(relative(w, ddp[0].weights[u]), 1e-5) << "rank " << r << " unit " << u;
+      EXPECT_LE(relative(w, ddp[0].weights[u]), weight_tolerance) << "rank " << r << " unit " << u;
       EXPECT_TRUE(torch::equal(zero[r].weights[u], zero[0].weights[u])) << "rank " << r << " unit " << u;
       const auto pad = zero[r].weights[u].narrow(0, len, zero[r].weights[u].numel() - len);
       EXPECT_TRUE(torch::equal(pad, torch::zeros_like(pad))) << "rank " << r << " unit " << u;
@@ -118,14 +140,16 @@ TEST_P(Zero, MatchesDDPAndHoldsTheFormulasBytes) {
     for (auto& [kind, b] : run.step_bytes) s += kit::ring_bytes(kind, static_cast<double>(b), n);
     return s;
   };
+  if (n == 1) return;  // nothing to send
   const double ratio = sent(zero[0]) / sent(ddp[0]);
   const double expected = stage == 3 ? 1.5 : 1.0;
   EXPECT_NEAR(ratio, expected, 0.01) << "ZeRO-" << stage << " sends " << ratio << "x DDP's bytes";
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
-                         ::testing::Values(Case{1, 2}, Case{2, 2}, Case{3, 2}, Case{2, 4}, Case{3, 4},
-                                           Case{3, 2, true}, Case{3, 4, true}),
+                         ::testing::Values(Case{1, 1}, Case{2, 1}, Case{1, 2}, Case{2, 2}, Case{3, 2},
+                                           Case{1, 4}, Case{2, 4}, Case{3, 4}, Case{3, 2, true},
+                                           Case{3, 4, true}),
                          [](const auto& info) {
                            return "ZeRO" + std::to_string(info.param.stage) + "_N" +
                                   std::to_string(info.param.n) +
@@ -138,7 +162,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, Zero,
 // bytes held between steps. Full-size transient copies in step() (a flat copy of all gradients,
 // another of all weights to cut a shard from, a collective handed everything at once while Gloo
 // makes a scratch copy of it) put it above DDP's instead.
-TEST(ZeroPeak, EveryStagePeaksBelowTheOneBeforeOnTwoRanks) {
+kit_bench::Setup peak_setup() {
   kit_bench::Setup s;
   s.model = kit_test::tiny_lm(2000, 8);
   s.model.d_model = 64;
@@ -147,19 +171,26 @@ TEST(ZeroPeak, EveryStagePeaksBelowTheOneBeforeOnTwoRanks) {
   s.model.feedforward = 256;
   s.global_batch = 4;
   s.steps = 2;
-  auto peak = [&](int stage) {
-    std::vector<std::string> errors;
-    const auto runs = kit_bench::train(s, stage, 2, &errors);
-    int64_t most = 0;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(errors[r], "") << "stage " << stage << ", rank " << r;
-      // The counting itself: a step's peak is at least what the rank holds after it.
-      EXPECT_GE(runs[r].peak, runs[r].held.total()) << "stage " << stage << ", rank " << r;
-      most = std::max(most, runs[r].peak);
-    }
-    return most;
-  };
-  const int64_t ddp = peak(0), zero1 = peak(1), zero2 = peak(2), zero3 = peak(3);
+  return s;
+}
+
+// The highest rank's peak over the steps, at `stage` on n ranks.
+int64_t peak_of(int stage, int n) {
+  std::vector<std::string> errors;
+  const auto runs = kit_bench::train(peak_setup(), stage, n, &errors);
+  int64_t most = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << "stage " << stage << ", rank " << r;
+    // The counting itself: a step's peak is at least what the rank holds after it.
+    EXPECT_GE(runs[r].peak, runs[r].held.total()) << "stage " << stage << ", rank " << r;
+    most = std::max(most, runs[r].peak);
+  }
+  return most;
+}
+
+TEST(ZeroPeak, EveryStagePeaksBelowTheOneBeforeOnTwoRanks) {
+  const int64_t ddp = peak_of(0, 2), zero1 = peak_of(1, 2), zero2 = peak_of(2, 2),
+                zero3 = peak_of(3, 2);
   EXPECT_LT(zero1, ddp) << "ZeRO-1's peak " << zero1 << " bytes, DDP's " << ddp;
   EXPECT_LT(zero2, ddp) << "ZeRO-2's peak " << zero2 << " bytes, DDP's " << ddp;
   // ZeRO-2 reduce-scatters during backward and frees each gradient once sent: never all of them.
@@ -180,6 +211,15 @@ TEST(TransformerLMMemory, HoldsItsParametersAndBuffersOnly) {
   o.layers = 3;
   kit::TransformerLM model(o);
   EXPECT_EQ(account.live(), kit::bytes_of(model->parameters()) + kit::bytes_of(model->buffers()));
+}
+
+// On one rank there is nothing to shard: the "shard" of the averaged gradient is the gradient
+// itself, not a copy of it, and ZeRO-1 and 2 must not peak above DDP (a full copy of the
+// gradients in step() put ZeRO-1 4 P bytes above it).
+TEST(ZeroPeak, OnOneRankNotAboveDDP) {
+  const int64_t ddp = peak_of(0, 1), zero1 = peak_of(1, 1), zero2 = peak_of(2, 1);
+  EXPECT_LE(zero1, ddp) << "ZeRO-1's peak " << zero1 << " bytes, DDP's " << ddp;
+  EXPECT_LE(zero2, ddp) << "ZeRO-2's peak " << zero2 << " bytes, DDP's " << ddp;
 }
 
 // The counting allocator (kit/memory.h): a tensor's bytes are live from its making to its freeing,
@@ -254,6 +294,47 @@ TEST(Zero2Overlap, FreesTheGradientsInBackwardAndAccumulates) {
   for (int r = 0; r < n; ++r) {
     EXPECT_NEAR(losses[2][r], losses[1][r], 1e-5 * std::abs(losses[1][r])) << "rank " << r;
     EXPECT_LE(relative(weights[2][r], weights[1][r]), 1e-5) << "rank " << r;
+  }
+}
+
+// ZeRO-2's reduce-scatters overlap backward: each bucket's starts (asynchronously) as soon as
+// backward has made its gradients, as DDP's all-reduces do. The embedding, the first parameter, gets
+// its gradient last; a hook on it runs before that gradient is added, and by then every bucket but
+// the one that holds the embedding must be on its way. (Buckets cut as the same slice of every
+// rank's contiguous shard, the layout before, had half of them waiting for the embedding: on 2
+// ranks 4 of this model's 8 had started.)
+TEST(Zero2Overlap, EveryBucketButTheLastStartsBeforeTheLastGradient) {
+  for (int n : {2, 4}) {
+    auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+    const auto s = tiny();
+    std::vector<kit::TransformerLM> models;
+    for (int r = 0; r < n; ++r) {
+      torch::manual_seed(1);
+      models.emplace_back(s.model);
+    }
+    std::vector<int64_t> before_last(n, -1), in_step(n, 0), buckets(n, 0);
+    const auto errors = kit_bench::on_every_rank(n, [&](int r) {
+      kit::ZeroOptimizer zero(models[r], {2, adamw(), groups[r].get()});
+      buckets[r] = static_cast<int64_t>(zero.layout().buckets().size());
+      const kit::ProcessGroup& g = *groups[r];
+      auto started = [&g] {
+        auto it = g.stats().calls.find("reduce_scatter");
+        return it == g.stats().calls.end() ? int64_t{0} : it->second;
+      };
+      const int64_t start = started();
+      auto embedding = models[r]->parameters()[0];
+      embedding.register_hook([&](const torch::Tensor&) { before_last[r] = started() - start; });
+      auto [input, target] = kit_bench::batch(s, 0, n, r);
+      kit::lm_loss(models[r]->forward(input), target).backward();
+      in_step[r] = started() - start;
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(errors[r], "") << n << " ranks, rank " << r;
+      EXPECT_EQ(in_step[r], buckets[r]) << n << " ranks, rank " << r << ": one reduce-scatter a bucket";
+      EXPECT_GE(in_step[r], 4) << n << " ranks, rank " << r << ": too few buckets to tell";
+      EXPECT_EQ(before_last[r], in_step[r] - 1)
+          << n << " ranks, rank " << r << ": reduce-scatters started before the last gradient";
+    }
   }
 }
 
@@ -630,6 +711,48 @@ TEST(ZeroLayout, PadsToAMultipleOfTheRanks) {
   EXPECT_TRUE(torch::equal(l.part(flat, 1), ps[1]));
 }
 
+// ZeRO-1/2's layout: buckets of whole parameters in backward's order (the last parameter first),
+// at most `cap` elements, one of half the cap or more alone, each padded to N slices; rank r's
+// shard is its slice of every bucket. Sizes 3, 4, 5 on 2 ranks with a cap of 6: buckets {p2},
+// {p1}, {p0} of 5, 4, 3 elements, padded to 6, 4, 4: slices of 3, 2, 2.
+TEST(ZeroLayout, BucketsInGradientOrderSplitOverTheRanks) {
+  std::vector<torch::Tensor> ps{torch::arange(1, 4, torch::kFloat), torch::arange(4, 8, torch::kFloat).view({2, 2}),
+                                torch::arange(8, 13, torch::kFloat)};
+  kit::BucketLayout l(ps, 2, 1, 6);
+  EXPECT_EQ(l.numel(), 12);
+  EXPECT_EQ(l.shard(), 7);
+  EXPECT_EQ(l.padded(), 14);
+  ASSERT_EQ(l.buckets().size(), 3u);
+  const std::vector<size_t> first{2}, second{1}, third{0};
+  EXPECT_EQ(l.buckets()[0].params, first);
+  EXPECT_EQ(l.buckets()[1].params, second);
+  EXPECT_EQ(l.buckets()[2].params, third);
+  auto flat = l.flatten(ps);
+  EXPECT_TRUE(torch::equal(flat, torch::tensor({8.f, 9.f, 10.f, 11.f, 12.f, 0.f, 4.f, 5.f, 6.f, 7.f, 1.f, 2.f, 3.f, 0.f})));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(torch::equal(l.part(flat, i), ps[i])) << i;
+  // Rank 1's slices: the second half of each bucket.
+  auto pieces = l.own_pieces(flat);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_TRUE(torch::equal(torch::cat(pieces), torch::tensor({11.f, 12.f, 0.f, 6.f, 7.f, 3.f, 0.f})));
+  EXPECT_EQ(l.buckets()[2].shard_begin, 5);
+  EXPECT_TRUE(torch::equal(l.part_of_bucket(l.bucket(flat, 1), 1), ps[1]));
+  // Parameters below half the cap share a bucket while they fit: cap 9 makes {p2} (5 >= 4.5),
+  // {p1, p0}; cap 11, {p2, p1}, {p0} (5 + 4 + 3 > 11).
+  kit::BucketLayout wide(ps, 2, 0, 9);
+  ASSERT_EQ(wide.buckets().size(), 2u);
+  EXPECT_EQ(wide.buckets()[1].params, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(wide.shard(), 3 + 4);
+  kit::BucketLayout wider(ps, 2, 0, 11);
+  ASSERT_EQ(wider.buckets().size(), 2u);
+  EXPECT_EQ(wider.buckets()[0].params, (std::vector<size_t>{2, 1}));
+  EXPECT_EQ(wider.shard(), 5 + 2);
+  // One rank: the shard is the whole vector, with no padding.
+  kit::BucketLayout one(ps, 1, 0, 6);
+  EXPECT_EQ(one.padded(), 12);
+  auto all = one.flatten(ps);
+  EXPECT_TRUE(torch::equal(torch::cat(one.own_pieces(all)), all));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sharded checkpoints
 // ---------------------------------------------------------------------------------------------
@@ -720,6 +843,18 @@ TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
   for (int r = 0; r < 4; ++r)
     EXPECT_EQ(other.errors[r], dir + ": written by 2 ranks, this run has 4: a sharded checkpoint "
                                      "resumes only on as many ranks") << "rank " << r;
+  // ZeRO-1/2 in the layout before gradient-ordered buckets (MANIFEST version 1): refused too.
+  if (stage < 3) {
+    std::ifstream in(dir + "/MANIFEST");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(text.rfind("kit-zero-checkpoint 2\n", 0), 0u) << text;
+    std::ofstream(dir + "/MANIFEST") << "kit-zero-checkpoint 1\n" << text.substr(text.find('\n') + 1);
+    const Resumed old = steps(stage, n, 2, 3, dir, "");
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(old.errors[r], dir + ": a ZeRO-" + std::to_string(stage) + " checkpoint in the "
+                               "layout before gradient-ordered buckets: this kit cannot resume it")
+          << "rank " << r;
+  }
   std::filesystem::remove_all(dir);
 }
 

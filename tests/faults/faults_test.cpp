@@ -510,6 +510,7 @@ struct DeviceRuleCase {
 const DeviceRuleCase kDeviceRuleCases[] = {
     {"ex01_ddp", TRAINER_EXE, {}},
     {"ex03_zero1", EX03_EXE, {"--zero-stage", "1"}},
+    {"ex03_zero2", EX03_EXE, {"--zero-stage", "2"}},  // reduce-scatters during backward
     {"ex03_zero3", EX03_EXE, {"--zero-stage", "3"}},
 };
 
@@ -553,7 +554,7 @@ TEST_P(NcclDeviceRule, StopSaveResumeWithNoHostTensor) {
         << "loss at step " << a[i].step << " differs from the CPU run's";
 }
 
-INSTANTIATE_TEST_SUITE_P(DeviceCheck, NcclDeviceRule, ::testing::Range(0, 3),
+INSTANTIATE_TEST_SUITE_P(DeviceCheck, NcclDeviceRule, ::testing::Range(0, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(kDeviceRuleCases[i.param].name);
                          });
