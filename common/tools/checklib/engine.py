@@ -5,6 +5,7 @@ import argparse
 import importlib
 import json
 import os
+import subprocess
 import shutil
 import sys
 import tempfile
@@ -51,6 +52,21 @@ class Check:
             dict(getattr(self.rules, "RUN_ENV", None) or {}, **(env or {})))
 
 
+def generated_data(directory, command, marker):
+    """The data a rules file generates (a corpus, an image set) in `directory`, made by
+    `command` (a list) unless a previous check made it with the very same command: a cached
+    folder made with other flags (a --reference-dir kept across versions of the rules) would
+    judge the run on another data set than the rules assume. `marker`: a file the command writes
+    last."""
+    stamp = os.path.join(directory, ".made-by.json")
+    key = json.dumps(command[1:])
+    if read(stamp) != key or not os.path.isfile(os.path.join(directory, marker)):
+        subprocess.run(command, check=True, capture_output=True)
+        with open(stamp, "w") as f:
+            f.write(key)
+    return directory
+
+
 def reference_run(check, directory, data, name="", flags=None, env=None):
     """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`).
     With --reference-dir it is made once and reused while the solution binary and the flags stay
@@ -58,7 +74,9 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
     rules, solution, ranks = check.rules, check.args.solution, check.ranks
     flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
-    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env])
+    made_by = read(os.path.join(data, ".made-by.json")) if data else None  # generated_data()
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env,
+                      made_by])
     stamp = os.path.join(directory, f"key{name}.json")
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):

@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 
-from checklib import compare, judges
+from checklib import compare, engine, judges
 
 # Small and quick: the checks look at behaviour, not at model quality. Every flag a TODO reads
 # differs from its default (kit/args.h: --seed 42, --batch-size 16, --eval-batch-size 32), so a
@@ -50,10 +50,8 @@ def data_key():
 
 def prepare_data(check, directory):
     data = os.path.join(directory, "corpus")
-    if not os.path.isfile(os.path.join(data, "wiki.test.tokens")):
-        subprocess.run([check.tool("make_corpus"), "--out", data] + CORPUS_FLAGS, check=True,
-                       capture_output=True)
-    return data
+    return engine.generated_data(data, [check.tool("make_corpus"), "--out", data] + CORPUS_FLAGS,
+                                 "wiki.test.tokens")
 
 
 def judge(check):

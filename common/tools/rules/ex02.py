@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 
-from checklib import compare, judges
+from checklib import compare, engine, judges
 
 EPOCHS = 2
 ACCUM = 2  # micro-batches per step: TODO 15 (no_sync) shows only with more than one
@@ -66,10 +66,8 @@ def data_key():
 
 def prepare_data(check, directory):
     data = os.path.join(directory, "images")
-    if not os.path.isfile(os.path.join(data, "test_batch.bin")):
-        subprocess.run([check.tool("make_images"), "--out", data] + IMAGE_FLAGS, check=True,
-                       capture_output=True)
-    return data
+    return engine.generated_data(data, [check.tool("make_images"), "--out", data] + IMAGE_FLAGS,
+                                 "test_batch.bin")
 
 
 def judge(check):
