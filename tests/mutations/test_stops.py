@@ -8,6 +8,8 @@ and how the verdicts are shown (checklib/verdicts.py), on runs made up here.
     is placed in that TODO through the annotated source (not "a line outside the TODOs");
   * a site in a kit file the rules map to a TODO (ddp.cpp: DDP's) names that TODO;
   * a call the kit refused after destroy_process_group() is not blamed on the refused line;
+  * generated data (a corpus) is made again when the command that makes it changed, not reused
+    from a --reference-dir kept across versions of the rules;
   * rows print in TODO order, each TODO once in the summary, "not reached" apart; the TODO to
     fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it.
 
@@ -132,8 +134,23 @@ def test_presentation():
            "a TODO the run did not reach is neither ✔ nor ✘")
 
 
+def test_generated_data():
+    from checklib import engine
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "corpus")
+        make = lambda n: ["sh", "-c", f'mkdir -p "$0" && echo {n} >> "$0/made"', data]  # noqa: E731
+        engine.generated_data(data, make(1), "made")
+        engine.generated_data(data, make(1), "made")
+        runs = open(os.path.join(data, "made")).read().split()
+        expect(runs == ["1"], f"the same command twice makes the data once (made: {runs})")
+        engine.generated_data(data, make(2), "made")
+        runs = open(os.path.join(data, "made")).read().split()
+        expect(runs == ["1", "2"], f"another command makes it again (made: {runs})")
+
+
 def main():
     test_crash()
+    test_generated_data()
     test_site_in_todo()
     test_kit_file_and_destroy()
     test_presentation()
