@@ -91,14 +91,14 @@ BUGS = [
     # must catch it (CAUGHT_BY below). No bug in zero.cpp/zero3.cpp: their insides are being
     # rewritten; ZeRO's public face is judged by ddp.ZeroExact and oracle.kit_adamw instead.
     ("adamw-decay-after-update", "common/kit/sharding.cpp",
-     "    p.mul_(1 - lr * options_.weight_decay());\n    m.mul_(beta1).add_(g, 1 - beta1);\n"
-     "    v.mul_(beta2).addcmul_(g, g, 1 - beta2);\n"
-     "    auto denom = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());\n"
-     "    p.addcdiv_(m, denom, -lr / bias_correction1);\n",
-     "    m.mul_(beta1).add_(g, 1 - beta1);\n    v.mul_(beta2).addcmul_(g, g, 1 - beta2);\n"
-     "    auto denom = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());\n"
-     "    p.addcdiv_(m, denom, -lr / bias_correction1);\n"
-     "    p.mul_(1 - lr * options_.weight_decay());\n",
+     "      p.mul_(1 - lr * options_.weight_decay());\n      m.mul_(beta1).add_(g, 1 - beta1);\n"
+     "      v.mul_(beta2).addcmul_(g, g, 1 - beta2);\n"
+     "      auto denom = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());\n"
+     "      p.addcdiv_(m, denom, -lr / bias_correction1);\n",
+     "      m.mul_(beta1).add_(g, 1 - beta1);\n      v.mul_(beta2).addcmul_(g, g, 1 - beta2);\n"
+     "      auto denom = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());\n"
+     "      p.addcdiv_(m, denom, -lr / bias_correction1);\n"
+     "      p.mul_(1 - lr * options_.weight_decay());\n",
      ["unit"], "ZeRO's AdamW decays the weights after the update instead of before"),
     ("sampler-other-shuffle", "common/kit/data_loader.cpp",
      "    for (size_t i = all.size(); i > 1; --i) {\n"
