@@ -252,7 +252,7 @@ kit_show_job() {
 # never while a foreground command runs, so kit_step starts the step in the background and
 # waits for it with `wait`, which a trapped signal interrupts. It passes the signal on to srun as
 # USR1, srun hands it to every task, and the trainer finishes its step, saves a checkpoint and
-# exits 0 (common/kit/checkpoint.h). If the training is not finished (no new model-final.pt),
+# exits 0 (common/kit/train/checkpoint.h). If the training is not finished (no new model-final.pt),
 # kit_step requeues the job (`scontrol requeue`, allowed by `#SBATCH --requeue`) and ends the
 # script: the job keeps its id, hence its run folder runs/<name>-<id>, and the trainer resumes
 # from the newest checkpoint there; `#SBATCH --open-mode=append` keeps every run's output.

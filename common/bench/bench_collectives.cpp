@@ -33,8 +33,8 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "kit/args.h"
-#include "kit/distributed.h"
+#include "kit/train/args.h"
+#include "kit/runtime/distributed.h"
 
 namespace {
 

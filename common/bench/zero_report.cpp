@@ -8,7 +8,8 @@
 //     ring model (kit::ring_bytes), against the theory: DDP, ZeRO-1 and ZeRO-2 2(N-1)/N 4P (a
 //     reduce-scatter and an all-gather make one all-reduce), ZeRO-3 3(N-1)/N 4P (1.5x DDP);
 //   * the peak: the most bytes of live tensors the rank had at any moment of a step (forward,
-//     backward, optimizer step, collectives' buffers; kit/memory.h), the highest over the ranks,
+//     backward, optimizer step, collectives' buffers; kit/train/memory.h), the highest over the
+// ranks,
 //     beside the formula's total: what the formula leaves out (activations, transient copies)
 //     is the difference.
 //
@@ -29,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "kit/memory.h"    // install: the counting allocator, for the peaks
-#include "kit/sharding.h"  // formula_bytes, ring_bytes
-#include "zero_runs.h"     // kit_bench::train
+#include "kit/train/memory.h"       // install: the counting allocator, for the peaks
+#include "kit/sharding/sharding.h"  // formula_bytes, ring_bytes
+#include "zero_runs.h"              // kit_bench::train
 
 namespace {
 

@@ -1,8 +1,8 @@
 // common/bench/zero_runs.h — train N in-process ranks (threads on one local Gloo world) at a ZeRO
 // stage (0: DDP + torch::optim::AdamW; 1, 2: kit::ZeroOptimizer; 3: kit::FullyShardedModel) on
 // random tokens, and record per rank the losses, the bytes of training state held (measured on
-// the tensors), the peak of live tensor bytes in a step (kit/memory.h) and the bytes handed to
-// each collective in one step. Shared by the ZeRO report
+// the tensors), the peak of live tensor bytes in a step (kit/train/memory.h) and the bytes handed
+// to each collective in one step. Shared by the ZeRO report
 // (common/bench/zero_report.cpp) and the equivalence tests (tests/ddp/zero_test.cpp).
 #pragma once
 
@@ -15,19 +15,19 @@
 
 #include <torch/torch.h>
 
-#include "kit/ddp.h"             // DistributedDataParallel: stage 0
-#include "kit/memory.h"          // Account: each rank's live tensor bytes
-#include "kit/process_group.h"   // local_groups, CommStats
-#include "kit/sharding.h"        // HeldBytes, bytes_of
-#include "kit/transformer_lm.h"  // TransformerLM, lm_loss
-#include "kit/zero.h"            // ZeroOptimizer: stages 1 and 2
-#include "kit/zero3.h"           // FullyShardedModel: stage 3
+#include "kit/ddp/ddp.h"                // DistributedDataParallel: stage 0
+#include "kit/train/memory.h"           // Account: each rank's live tensor bytes
+#include "kit/runtime/process_group.h"  // local_groups, CommStats
+#include "kit/sharding/sharding.h"      // HeldBytes, bytes_of
+#include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss
+#include "kit/sharding/zero.h"          // ZeroOptimizer: stages 1 and 2
+#include "kit/sharding/zero3.h"         // FullyShardedModel: stage 3
 
 namespace kit_bench {
 
 inline torch::optim::AdamWOptions adamw() {
   // AdamW's default eps (1e-8): TransformerLM holds the attention's key bias, whose gradient
-  // would be rounding noise, at zero (kit/transformer_lm.h).
+  // would be rounding noise, at zero (kit/models/transformer_lm.h).
   return torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
 }
 

@@ -41,8 +41,8 @@
 #error "kit: LibTorch 2.x is required (see common/README.md: supported versions)"
 #endif
 
-// 8. KIT_DEVICE_CHECK=nccl's fake device (kit/device_check.cpp) implements c10's Allocator, a
-// DeviceGuardImplInterface and ATen's PrivateUse1 hooks, whose virtual functions changed shape
+// 8. KIT_DEVICE_CHECK=nccl's fake device (kit/runtime/device_check.cpp) implements c10's Allocator,
+// a DeviceGuardImplInterface and ATen's PrivateUse1 hooks, whose virtual functions changed shape
 // within 2.x (Allocator::allocate lost its const, copy_data and most of the hooks are newer than
 // 2.2). It is written against 2.13 and newer, what CI runs it on; an older LibTorch builds the
 // kit without it, and asking for the mode there is one line that says so.
@@ -52,7 +52,7 @@
 #define KIT_HAVE_FAKE_DEVICE 0
 #endif
 
-// 9. c10::Allocator, which kit/memory.cpp's counting allocator derives from: up to 2.2,
+// 9. c10::Allocator, which kit/train/memory.cpp's counting allocator derives from: up to 2.2,
 // allocate() is const and there is no copy_data(); from 2.3 on (the headers of 2.2.2, 2.3.1 and
 // 2.4.1 read), allocate() is not const and copy_data() must be given.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)

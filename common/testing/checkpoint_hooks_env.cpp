@@ -1,6 +1,6 @@
 // libkit_test_hooks.so — the tests' fault injection for the real trainers, from environment
 // variables, installed when a test preloads it (LD_PRELOAD=<build>/lib/libkit_test_hooks.so).
-// The trainers themselves never read these variables (kit/checkpoint_hooks.h says why).
+// The trainers themselves never read these variables (kit/train/checkpoint_hooks.h says why).
 //
 //   KIT_TEST_STOP_AFTER_STEP=n     a stop request after global step n, as SIGUSR1 would make
 //   KIT_TEST_STEP_DELAY_MS=n       every step n ms slower (the same numbers): a tiny training
@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "kit/checkpoint_hooks.h"
+#include "kit/train/checkpoint_hooks.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 
 Runs the trainer once alone, once on several ranks of one node (ddprun; Gloo on CPU here, the
 GPUs on a cluster node) and once with every rank on a node of its own (rank != local rank), with
-the run trace switched on (KIT_TRACE_DIR, see common/kit/trace.h), and runs the solution on the
+the run trace switched on (KIT_TRACE_DIR, see common/kit/check/trace.h), and runs the solution on the
 same data and seed. Then it judges every TODO from the traces and the ranks' output, prints one
 line per TODO (✔ or ✘ with the reason), closes with a row that compares the run with the
 solution's event by event and names where they first part (checklib/compare.py), and exits 1 if

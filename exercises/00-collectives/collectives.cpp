@@ -17,8 +17,8 @@
 
 #include <torch/torch.h>   // tensors
 
-#include "kit/args.h"      // parse_flags(): the command-line flags
-// TODO 1: Include kit/distributed.h: setup() and the collectives. C++ LibTorch has no
+#include "kit/train/args.h"      // parse_flags(): the command-line flags
+// TODO 1: Include kit/runtime/distributed.h: setup() and the collectives. C++ LibTorch has no
 //         torch.distributed module; this header is the course's stand-in for it.
 
 // One line per result, "rank R: NAME v1 v2 ...", from every rank.

@@ -11,14 +11,14 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
-#include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
-#include "kit/data_loader.h"      // DataLoader, DistributedSampler, DistributedEvalSampler: batches
-#include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
-#include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
-#include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
-// TODO 1: Include kit/distributed.h and kit/ddp.h. C++ LibTorch has no torch.distributed module;
-//         these two headers are the course's stand-in for it (setup, collectives, DDP).
+#include "kit/train/args.h"             // TrainArgs, parse_args(): the command-line flags
+#include "kit/train/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
+#include "kit/data/data_loader.h"       // DataLoader, DistributedSampler, DistributedEvalSampler: batches
+#include "kit/train/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
+#include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss(): the model and its loss
+#include "kit/data/wikitext.h"          // load_wikitext2(), LanguageModelDataset: the data
+// TODO 1: Include kit/runtime/distributed.h and kit/ddp/ddp.h. C++ LibTorch has no torch.distributed
+//         module; these two headers are the course's stand-in for it (setup, collectives, DDP).
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
@@ -60,8 +60,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   }
   auto mean = total / static_cast<double>(state.step_in_epoch);
   // TODO 10: `mean` is this rank's loss over the batches it saw, and every rank saw different
-  //          batches. Replace it by its average over all ranks (a collective from kit/distributed.h),
-  //          so that the number reported describes the whole epoch and is the same on every rank.
+  //          batches. Replace it by its average over all ranks (a collective from
+  //          kit/runtime/distributed.h), so that the number reported describes the whole epoch and is the
+  //          same on every rank.
   return mean;
 }
 

@@ -10,14 +10,14 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/cifar10.h"          // load_cifar10(), Cifar10Dataset: the images and their labels
-#include "kit/data_loader.h"      // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
-#include "kit/image_args.h"       // ImageTrainArgs, parse_image_args(): the command-line flags
-#include "kit/lr_rule.h"          // scale_lr(), warmup_factor(): the learning rate
-#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines; device_model()
-#include "kit/resnet.h"           // ResNet, running_statistics(): the model
-#include "kit/summary.h"          // StepTimer, append_summary(): the scaling study's CSV row
-// TODO 1: Include kit/distributed.h and kit/ddp.h, as in exercise 01.
+#include "kit/data/cifar10.h"      // load_cifar10(), Cifar10Dataset: the images and their labels
+#include "kit/data/data_loader.h"  // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
+#include "kit/train/image_args.h"  // ImageTrainArgs, parse_image_args(): the command-line flags
+#include "kit/train/lr_rule.h"     // scale_lr(), warmup_factor(): the learning rate
+#include "kit/train/metrics.h"     // Metrics: metrics.csv and progress lines; device_model()
+#include "kit/models/resnet.h"     // ResNet, running_statistics(): the model
+#include "kit/train/summary.h"     // StepTimer, append_summary(): the scaling study's CSV row
+// TODO 1: Include kit/runtime/distributed.h and kit/ddp/ddp.h, as in exercise 01.
 
 using Loader = kit::DataLoader<kit::Cifar10Dataset>;
 
@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   //         Python's ddp_model(x): it first copies rank 0's batch-norm buffers to every rank.
   // TODO 14: --lr was tuned for one process and a batch of args.lr_base_batch() images. A step now
   //          sees batch x world_size images: scale the rate by the rule of --lr-scaling with
-  //          kit::scale_lr (kit/lr_rule.h). Scale once: warm-up below multiplies, it does not scale.
+  //          kit::scale_lr (kit/train/lr_rule.h). Scale once: warm-up below multiplies, it does not
+  //          scale.
   const double lr = args.lr;
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   kit::Metrics metrics(args.out_dir, batch, device);
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
         auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
                     static_cast<double>(micro);
         // TODO 15: Every backward under DDP averages the gradients over the ranks. With K micro-batches
-        //          only the last one needs to: run the others inside ddp.no_sync() (kit/ddp.h), and
+        //          only the last one needs to: run the others inside ddp.no_sync() (kit/ddp/ddp.h), and
         //          the last backward averages the sum of all K at once.
         loss.backward();
         step_loss += loss.detach();

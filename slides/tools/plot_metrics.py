@@ -7,7 +7,7 @@
 metrics.csv (written by rank 0 of a trainer, one row per training step):
     step,epoch,loss,samples_per_s,ranks,elapsed_s[,rank,device,host,peak_mem_mib,gpu_busy_pct]
 step counts from 1 over the whole run, epoch from 1; samples_per_s counts all ranks together.
-The rows with a `rank` (each rank's own figures at an epoch's end, kit/metrics.h) are not steps
+The rows with a `rank` (each rank's own figures at an epoch's end, kit/train/metrics.h) are not steps
 and are left out here; files from before those columns existed plot the same.
 
 Writes into DIR:

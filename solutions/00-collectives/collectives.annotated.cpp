@@ -17,12 +17,12 @@
 
 #include <torch/torch.h>   // tensors
 
-#include "kit/args.h"      // parse_flags(): the command-line flags
+#include "kit/train/args.h"      // parse_flags(): the command-line flags
 //@ todo 1
-//@ | Include kit/distributed.h: setup() and the collectives. C++ LibTorch has no
+//@ | Include kit/runtime/distributed.h: setup() and the collectives. C++ LibTorch has no
 //@ | torch.distributed module; this header is the course's stand-in for it.
 //@ solution
-#include "kit/distributed.h"  // setup(), broadcast(), all_reduce(), all_gather(), ...
+#include "kit/runtime/distributed.h"  // setup(), broadcast(), all_reduce(), all_gather(), ...
 //@ end
 
 // One line per result, "rank R: NAME v1 v2 ...", from every rank.

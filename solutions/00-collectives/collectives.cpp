@@ -17,8 +17,8 @@
 
 #include <torch/torch.h>   // tensors
 
-#include "kit/args.h"      // parse_flags(): the command-line flags
-#include "kit/distributed.h"  // setup(), broadcast(), all_reduce(), all_gather(), ...
+#include "kit/train/args.h"      // parse_flags(): the command-line flags
+#include "kit/runtime/distributed.h"  // setup(), broadcast(), all_reduce(), all_gather(), ...
 
 // One line per result, "rank R: NAME v1 v2 ...", from every rank.
 void show(int rank, const char* name, const torch::Tensor& t) {

@@ -11,14 +11,14 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/args.h"             // TrainArgs, parse_args(): the command-line flags
-#include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
-#include "kit/data_loader.h"      // DataLoader, DistributedSampler, DistributedEvalSampler: batches
-#include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
-#include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
-#include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
-#include "kit/ddp.h"              // DistributedDataParallel: keeps the model copies identical
-#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+#include "kit/train/args.h"             // TrainArgs, parse_args(): the command-line flags
+#include "kit/train/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
+#include "kit/data/data_loader.h"       // DataLoader, DistributedSampler, DistributedEvalSampler: batches
+#include "kit/train/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
+#include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss(): the model and its loss
+#include "kit/data/wikitext.h"          // load_wikitext2(), LanguageModelDataset: the data
+#include "kit/ddp/ddp.h"              // DistributedDataParallel: keeps the model copies identical
+#include "kit/runtime/distributed.h"  // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 

@@ -10,18 +10,18 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/cifar10.h"          // load_cifar10(), Cifar10Dataset: the images and their labels
-#include "kit/data_loader.h"      // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
-#include "kit/image_args.h"       // ImageTrainArgs, parse_image_args(): the command-line flags
-#include "kit/lr_rule.h"          // scale_lr(), warmup_factor(): the learning rate
-#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines; device_model()
-#include "kit/resnet.h"           // ResNet, running_statistics(): the model
-#include "kit/summary.h"          // StepTimer, append_summary(): the scaling study's CSV row
+#include "kit/data/cifar10.h"      // load_cifar10(), Cifar10Dataset: the images and their labels
+#include "kit/data/data_loader.h"  // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
+#include "kit/train/image_args.h"  // ImageTrainArgs, parse_image_args(): the command-line flags
+#include "kit/train/lr_rule.h"     // scale_lr(), warmup_factor(): the learning rate
+#include "kit/train/metrics.h"     // Metrics: metrics.csv and progress lines; device_model()
+#include "kit/models/resnet.h"     // ResNet, running_statistics(): the model
+#include "kit/train/summary.h"     // StepTimer, append_summary(): the scaling study's CSV row
 //@ todo 1
-//@ | Include kit/distributed.h and kit/ddp.h, as in exercise 01.
+//@ | Include kit/runtime/distributed.h and kit/ddp/ddp.h, as in exercise 01.
 //@ solution
-#include "kit/ddp.h"              // DistributedDataParallel: keeps the model copies identical
-#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+#include "kit/ddp/ddp.h"              // DistributedDataParallel: keeps the model copies identical
+#include "kit/runtime/distributed.h"  // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 //@ end
 
 using Loader = kit::DataLoader<kit::Cifar10Dataset>;
@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
   //@ todo 14
   //@ | --lr was tuned for one process and a batch of args.lr_base_batch() images. A step now
   //@ | sees batch x world_size images: scale the rate by the rule of --lr-scaling with
-  //@ | kit::scale_lr (kit/lr_rule.h). Scale once: warm-up below multiplies, it does not scale.
+  //@ | kit::scale_lr (kit/train/lr_rule.h). Scale once: warm-up below multiplies, it does not
+  //@ | scale.
   const double lr = args.lr;
   //@ solution
   const double lr = kit::scale_lr(args.lr, args.lr_scaling, batch * world_size, args.lr_base_batch());
@@ -171,7 +172,7 @@ int main(int argc, char** argv) {
         //@ end
         //@ todo 15
         //@ | Every backward under DDP averages the gradients over the ranks. With K micro-batches
-        //@ | only the last one needs to: run the others inside ddp.no_sync() (kit/ddp.h), and
+        //@ | only the last one needs to: run the others inside ddp.no_sync() (kit/ddp/ddp.h), and
         //@ | the last backward averages the sum of all K at once.
         loss.backward();
         //@ solution

@@ -10,15 +10,15 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/cifar10.h"          // load_cifar10(), Cifar10Dataset: the images and their labels
-#include "kit/data_loader.h"      // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
-#include "kit/image_args.h"       // ImageTrainArgs, parse_image_args(): the command-line flags
-#include "kit/lr_rule.h"          // scale_lr(), warmup_factor(): the learning rate
-#include "kit/metrics.h"          // Metrics: metrics.csv and progress lines; device_model()
-#include "kit/resnet.h"           // ResNet, running_statistics(): the model
-#include "kit/summary.h"          // StepTimer, append_summary(): the scaling study's CSV row
-#include "kit/ddp.h"              // DistributedDataParallel: keeps the model copies identical
-#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+#include "kit/data/cifar10.h"      // load_cifar10(), Cifar10Dataset: the images and their labels
+#include "kit/data/data_loader.h"  // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
+#include "kit/train/image_args.h"  // ImageTrainArgs, parse_image_args(): the command-line flags
+#include "kit/train/lr_rule.h"     // scale_lr(), warmup_factor(): the learning rate
+#include "kit/train/metrics.h"     // Metrics: metrics.csv and progress lines; device_model()
+#include "kit/models/resnet.h"     // ResNet, running_statistics(): the model
+#include "kit/train/summary.h"     // StepTimer, append_summary(): the scaling study's CSV row
+#include "kit/ddp/ddp.h"              // DistributedDataParallel: keeps the model copies identical
+#include "kit/runtime/distributed.h"  // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 
 using Loader = kit::DataLoader<kit::Cifar10Dataset>;
 

@@ -11,9 +11,9 @@
 //                   for its forward and again for its backward, then freed.
 // --zero-stage 0 (the default) is DDP. The TODOs are ZeRO's decisions, one stage at a time: what
 // each stage shards, where its collectives go, what a unit is, what a checkpoint holds. The kit
-// does the work (kit/zero.h, kit/zero3.h), and the C++ wiring around the TODOs is given. The
-// losses must stay DDP's, and the bytes each rank holds, and its peak in a step, must shrink as
-// the formula says (`./kit check 03`).
+// does the work (kit/sharding/zero.h, kit/sharding/zero3.h), and the C++ wiring around the TODOs is
+// given. The losses must stay DDP's, and the bytes each rank holds, and its peak in a step, must
+// shrink as the formula says (`./kit check 03`).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,19 +24,19 @@
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
-#include "kit/args.h"             // TrainArgs, parse_args(), take_flag(), flag_int(): the flags
-#include "kit/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
-#include "kit/data_loader.h"      // DataLoader (and DistributedSampler): batches of samples
-#include "kit/ddp.h"              // DistributedDataParallel: stage 0
-#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
-#include "kit/memory.h"           // the peak of live tensor bytes in a step (a counting allocator)
-#include "kit/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
-#include "kit/sharding.h"         // HeldBytes, bytes_of(): what a rank holds, by category
-#include "kit/transformer_lm.h"   // TransformerLM, lm_loss(): the model and its loss
-#include "kit/wikitext.h"         // load_wikitext2(), LanguageModelDataset: the data
-#include "kit/zero.h"             // ZeroOptimizer: AdamW's state, then the gradients, sharded
-#include "kit/zero3.h"            // FullyShardedModel: the weights sharded too
-#include "kit/zero_checkpoint.h"  // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
+#include "kit/train/args.h"                // TrainArgs, parse_args(), take_flag(), flag_int(): the flags
+#include "kit/train/checkpoint.h"          // Checkpoints, TrainState: save, resume, stop before the time limit
+#include "kit/data/data_loader.h"          // DataLoader (and DistributedSampler): batches of samples
+#include "kit/ddp/ddp.h"                   // DistributedDataParallel: stage 0
+#include "kit/runtime/distributed.h"       // setup(), all_reduce(), print0(), save0(), destroy_process_group()
+#include "kit/train/memory.h"              // the peak of live tensor bytes in a step (a counting allocator)
+#include "kit/train/metrics.h"             // Metrics: metrics.csv, progress lines, per-rank reports
+#include "kit/sharding/sharding.h"         // HeldBytes, bytes_of(): what a rank holds, by category
+#include "kit/models/transformer_lm.h"     // TransformerLM, lm_loss(): the model and its loss
+#include "kit/data/wikitext.h"             // load_wikitext2(), LanguageModelDataset: the data
+#include "kit/sharding/zero.h"             // ZeroOptimizer: AdamW's state, then the gradients, sharded
+#include "kit/sharding/zero3.h"            // FullyShardedModel: the weights sharded too
+#include "kit/sharding/zero_checkpoint.h"  // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
                                                    "0: DDP; 1, 2, 3: the ZeRO stage (default 0)"),
                     0, 3));
   kit::TrainArgs args = kit::parse_args(argc, argv);
-  // Count every tensor from here on (the model's too), for the peak of each step (kit/memory.h).
+  // Count every tensor from here on (the model's too), for the peak of each step
+  // (kit/train/memory.h).
   kit::memory::install();
   const kit::Setup me = kit::setup(args.seed);  // fields by name: no positional unpacking
   const int local_rank = me.local_rank, rank = me.rank, world_size = me.world_size;

@@ -60,11 +60,11 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "kit/args.h"
-#include "kit/ddp.h"
-#include "kit/distributed.h"
-#include "kit/transformer_lm.h"
-#include "kit/wikitext.h"
+#include "kit/train/args.h"
+#include "kit/ddp/ddp.h"
+#include "kit/runtime/distributed.h"
+#include "kit/models/transformer_lm.h"
+#include "kit/data/wikitext.h"
 
 namespace {
 

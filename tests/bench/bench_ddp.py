@@ -12,7 +12,7 @@ MASTER_ADDR and MASTER_PORT, which is all env:// reads. Run it with the Python w
 C++ side's LibTorch (the build's KIT_TORCH_PYTHON; for ./kit's build, .venv/bin/python), so that
 both sides run the same torch version.
 
-Model = kit::TransformerLM (common/kit/transformer_lm.cpp): nn.Embedding, embedding * sqrt(d),
+Model = kit::TransformerLM (common/kit/models/transformer_lm.cpp): nn.Embedding, embedding * sqrt(d),
 + the same sinusoidal position codes (a buffer), dropout, nn.TransformerEncoder of post-norm
 ReLU nn.TransformerEncoderLayer (sequence-first, as the C++ module) with the causal mask,
 nn.Linear head; cross entropy. Trainer defaults: d_model 128, 4 heads, 2 layers, feed-forward
@@ -54,7 +54,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The trainer's defaults (common/kit/args.h).
+# The trainer's defaults (common/kit/train/args.h).
 D_MODEL, HEADS, LAYERS, FEEDFORWARD, DROPOUT = 128, 4, 2, 256, 0.1
 SEQ_LEN, BATCH, LR, SEED = 64, 16, 1e-3, 42
 

@@ -15,9 +15,9 @@
 
 #include <torch/torch.h>
 
-#include "kit/args.h"         // parse_flags(): the small programs' flags
-#include "kit/cifar10.h"      // load_cifar10(): the images
-#include "kit/data_loader.h"  // DataLoader, LoaderOptions: what is measured
+#include "kit/train/args.h"        // parse_flags(): the small programs' flags
+#include "kit/data/cifar10.h"      // load_cifar10(): the images
+#include "kit/data/data_loader.h"  // DataLoader, LoaderOptions: what is measured
 
 int main(int argc, char** argv) {
   std::string data;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peak_torch.py -- PyTorch's counterparts of zero_report's peak (common/bench/zero_report.cpp):
 the most bytes of live CPU tensors a rank has during a step, counted by the kit's own counting
-allocator (common/kit/memory.cpp, built into this process as a torch extension, so that the
+allocator (common/kit/train/memory.cpp, built into this process as a torch extension, so that the
 method is the same), on bench_ddp.py's model (= kit::TransformerLM).
 
     ddprun --nproc-per-node 2 -- .venv/bin/python tests/bench/peak_torch.py --mode M [sizes]
@@ -31,7 +31,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 BINDING = """
 #include <torch/extension.h>
-#include "kit/memory.h"
+#include "kit/train/memory.h"
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &kit::memory::install);
   m.def("live", &kit::memory::live_bytes);
@@ -49,7 +49,7 @@ def counter(build_dir, rank):
         if rank == 0:
             with open(binding, "w") as f:
                 f.write(BINDING)
-        return load("kit_memory_ext", [os.path.join(ROOT, "common/kit/memory.cpp"), binding],
+        return load("kit_memory_ext", [os.path.join(ROOT, "common/kit/train/memory.cpp"), binding],
                     extra_include_paths=[os.path.join(ROOT, "common"),
                                          # kit/compat.h includes c10d's Gloo header
                                          os.path.join(ROOT, "common", "gloo-declarations")],

@@ -1,5 +1,5 @@
-// Gradient clipping by global norm (--clip-grad; kit/clip.h) under DDP and ZeRO-1/2/3, against
-// one process that clips the same averaged gradient with torch::nn::utils::clip_grad_norm_.
+// Gradient clipping by global norm (--clip-grad; kit/train/clip.h) under DDP and ZeRO-1/2/3,
+// against one process that clips the same averaged gradient with torch::nn::utils::clip_grad_norm_.
 //
 // The reference trains rank 0's initial weights on the whole global batch: with equal shares of
 // the batch, its mean loss is the mean of the ranks' losses and its gradient the ranks' average.
@@ -16,14 +16,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/clip.h"            // clip_shard_grads_, check_max_grad_norm
-#include "kit/process_group.h"   // local_groups
-#include "kit/sharding.h"        // ShardLayout
-#include "kit/transformer_lm.h"  // TransformerLM, lm_loss
-#include "kit/zero.h"            // ZeroOptimizer
-#include "kit/zero3.h"           // FullyShardedModel
-#include "tiny_lm.h"             // kit_test::tiny_lm (tests/support)
-#include "zero_runs.h"           // kit_bench::train, batch, unit_weights, on_every_rank
+#include "kit/train/clip.h"             // clip_shard_grads_, check_max_grad_norm
+#include "kit/runtime/process_group.h"  // local_groups
+#include "kit/sharding/sharding.h"      // ShardLayout
+#include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss
+#include "kit/sharding/zero.h"          // ZeroOptimizer
+#include "kit/sharding/zero3.h"         // FullyShardedModel
+#include "tiny_lm.h"                    // kit_test::tiny_lm (tests/support)
+#include "zero_runs.h"                  // kit_bench::train, batch, unit_weights, on_every_rank
 
 namespace {
 

@@ -6,7 +6,7 @@
 //     must end backward with what one process has, no gradient after zero_grad() to none (not
 //     zeros, which weight decay and momentum would act on) and zeros after zero_grad(false),
 //     never with the gradient of step 1 that its place in the bucket still holds;
-//   * assign_buckets(): which gradients travel together (kit/buckets.h);
+//   * assign_buckets(): which gradients travel together (kit/ddp/buckets.h);
 //   * after backward, every .grad is a window on its bucket (nothing copied into or out of
 //     buckets): the gradients of one bucket lie back to back in one block, in the bucket's order,
 //     and zero_grad(false) keeps them there from step to step with nothing copied;
@@ -34,10 +34,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/buckets.h"
-#include "kit/checkpoint.h"
-#include "kit/ddp.h"
-#include "kit/process_group.h"
+#include "kit/ddp/buckets.h"
+#include "kit/train/checkpoint.h"
+#include "kit/ddp/ddp.h"
+#include "kit/runtime/process_group.h"
 
 namespace {
 

@@ -34,13 +34,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/data_loader.h"
-#include "kit/ddp.h"
-#include "kit/process_group.h"
-#include "kit/resnet.h"         // ResNet: a model with batch norm
-#include "kit/transformer_lm.h"
+#include "kit/data/data_loader.h"
+#include "kit/ddp/ddp.h"
+#include "kit/runtime/process_group.h"
+#include "kit/models/resnet.h"         // ResNet: a model with batch norm
+#include "kit/models/transformer_lm.h"
 #include "tiny_lm.h"  // kit_test::tiny_lm (tests/support)
-#include "kit/wikitext.h"
+#include "kit/data/wikitext.h"
 
 namespace {
 
@@ -111,9 +111,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt which, const std::ve
   // AdamW with PyTorch's default eps (1e-8). Its division by sqrt(v) + eps would amplify a
   // gradient that is only rounding noise, summed in another order on N ranks than in one
   // process, into a full +-lr step; the model's one such gradient (the attention's key bias)
-  // is held at zero by TransformerLM itself (kit/transformer_lm.h), so no larger eps is needed.
-  // Measured with it (2026-11-26, CPU, Gloo): worst relative difference from one process over
-  // 5 steps, loss 8.4e-8 and parameters 6.8e-7 (N4_no_overlap; N2_overlap 5.6e-8 / 6.8e-7 for
+  // is held at zero by TransformerLM itself (kit/models/transformer_lm.h), so no larger eps is
+  // needed. Measured with it (2026-11-26, CPU, Gloo): worst relative difference from one process
+  // over 5 steps, loss 8.4e-8 and parameters 6.8e-7 (N4_no_overlap; N2_overlap 5.6e-8 / 6.8e-7 for
   // loss / parameters): the 1e-5 of MatchesSingleProcessStepByStep leaves a factor 14.
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
 }

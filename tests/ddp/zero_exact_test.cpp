@@ -3,8 +3,8 @@
 // that it holds for any implementation of the stages. Why exact: with two ranks the average of
 // the gradients, (a + b) / 2, has the same bits whether an all-reduce or a reduce-scatter makes
 // it and whichever rank comes first, and ShardedAdamW does torch::optim::AdamW's element-wise
-// operations in its order (kit/sharding.h). So any difference is a bug, however small: a weight
-// decay moved after the update, a bias correction a step late, a sum instead of an average
+// operations in its order (kit/sharding/sharding.h). So any difference is a bug, however small: a
+// weight decay moved after the update, a bias correction a step late, a sum instead of an average
 // (tests/ddp/zero_test.cpp allows 1e-5, which such bugs pass; its 4 ranks need it).
 #include <string>
 #include <vector>

@@ -1,8 +1,8 @@
-// ZeRO stages 1, 2 and 3 (kit/zero.h, kit/zero3.h) against DDP: N in-process ranks (threads,
-// each with its own model and ProcessGroup) train the tiny Transformer with AdamW, once under
-// DistributedDataParallel + torch::optim::AdamW and once sharded, from the same weights on the
-// same batches. The sharded run must give the same losses and weights (to float tolerance: the
-// gradients are averaged by a reduce-scatter instead of an all-reduce, which may sum in another
+// ZeRO stages 1, 2 and 3 (kit/sharding/zero.h, kit/sharding/zero3.h) against DDP: N in-process
+// ranks (threads, each with its own model and ProcessGroup) train the tiny Transformer with AdamW,
+// once under DistributedDataParallel + torch::optim::AdamW and once sharded, from the same weights
+// on the same batches. The sharded run must give the same losses and weights (to float tolerance:
+// the gradients are averaged by a reduce-scatter instead of an all-reduce, which may sum in another
 // order), hold the bytes the ZeRO formula says, and send the bytes the ring model says.
 // The vocabulary (61 words) makes the parameter count odd: the layouts need padding.
 #include <chrono>
@@ -20,16 +20,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/ddp.h"             // DistributedDataParallel: the reference
-#include "kit/memory.h"          // Account: live bytes between ZeRO-3's forward and backward
-#include "kit/process_group.h"   // local_groups, CommStats
-#include "kit/sharding.h"        // HeldBytes, formula_bytes, ring_bytes, check_zero_stage
-#include "kit/transformer_lm.h"  // TransformerLM, lm_loss
-#include "kit/zero.h"            // ZeroOptimizer: stages 1 and 2
-#include "kit/zero3.h"           // FullyShardedModel: stage 3
-#include "tiny_lm.h"             // kit_test::tiny_lm (tests/support)
-#include "kit/zero_checkpoint.h" // save_zero_checkpoint, load_zero_checkpoint
-#include "zero_runs.h"           // kit_bench::train: N ranks at a stage (common/bench)
+#include "kit/ddp/ddp.h"                   // DistributedDataParallel: the reference
+#include "kit/train/memory.h"              // Account: live bytes between ZeRO-3's forward and backward
+#include "kit/runtime/process_group.h"     // local_groups, CommStats
+#include "kit/sharding/sharding.h"         // HeldBytes, formula_bytes, ring_bytes, check_zero_stage
+#include "kit/models/transformer_lm.h"     // TransformerLM, lm_loss
+#include "kit/sharding/zero.h"             // ZeroOptimizer: stages 1 and 2
+#include "kit/sharding/zero3.h"            // FullyShardedModel: stage 3
+#include "tiny_lm.h"                       // kit_test::tiny_lm (tests/support)
+#include "kit/sharding/zero_checkpoint.h"  // save_zero_checkpoint, load_zero_checkpoint
+#include "zero_runs.h"                     // kit_bench::train: N ranks at a stage (common/bench)
 
 namespace {
 
@@ -156,10 +156,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, Zero,
                                   (info.param.recompute ? "_recompute" : "");
                          });
 
-// The peak of live tensor bytes during a step (kit/memory.h; the highest rank), on 2 ranks, for a
-// model whose weights outweigh its activations (2000 words, short sequences): sharding AdamW's
-// state (ZeRO-1), and the gradients too (ZeRO-2), must lower the peak below DDP's, not only the
-// bytes held between steps. Full-size transient copies in step() (a flat copy of all gradients,
+// The peak of live tensor bytes during a step (kit/train/memory.h; the highest rank), on 2 ranks,
+// for a model whose weights outweigh its activations (2000 words, short sequences): sharding
+// AdamW's state (ZeRO-1), and the gradients too (ZeRO-2), must lower the peak below DDP's, not only
+// the bytes held between steps. Full-size transient copies in step() (a flat copy of all gradients,
 // another of all weights to cut a shard from, a collective handed everything at once while Gloo
 // makes a scratch copy of it) put it above DDP's instead.
 kit_bench::Setup peak_setup() {
@@ -222,9 +222,9 @@ TEST(ZeroPeak, OnOneRankNotAboveDDP) {
   EXPECT_LE(zero2, ddp) << "ZeRO-2's peak " << zero2 << " bytes, DDP's " << ddp;
 }
 
-// The counting allocator (kit/memory.h): a tensor's bytes are live from its making to its freeing,
-// the peak keeps the most until reset_peak(), and a thread charging an Account does not show in
-// another's (nor in the thread's own figures outside it).
+// The counting allocator (kit/train/memory.h): a tensor's bytes are live from its making to its
+// freeing, the peak keeps the most until reset_peak(), and a thread charging an Account does not
+// show in another's (nor in the thread's own figures outside it).
 TEST(KitMemory, CountsLiveBytesAndThePeakPerAccount) {
   kit::memory::install();
   ASSERT_TRUE(kit::memory::installed());
@@ -586,8 +586,8 @@ TEST(TransformerLMUnits, EachLayerIsTheFrontendsLayerBitForBit) {
     const auto [theirs, their_grads] = run(true);
     EXPECT_TRUE(torch::equal(ours, theirs)) << "layer " << u << ": outputs differ";
     ASSERT_EQ(our_grads.size(), their_grads.size());
-    // One difference by design (kit/transformer_lm.h): the key third of in_proj_bias, held at
-    // zero, gets exactly zero where the frontend's layer gets float32 rounding noise (softmax
+    // One difference by design (kit/models/transformer_lm.h): the key third of in_proj_bias, held
+    // at zero, gets exactly zero where the frontend's layer gets float32 rounding noise (softmax
     // ignores the shift it makes). Everything else, its other two thirds included, is equal.
     const int64_t d = o.d_model;
     auto names = layer->named_parameters().keys();
@@ -606,7 +606,7 @@ TEST(TransformerLMUnits, EachLayerIsTheFrontendsLayerBitForBit) {
   }
 }
 
-// The attention's key bias is held at zero (kit/transformer_lm.h): zero at construction, an
+// The attention's key bias is held at zero (kit/models/transformer_lm.h): zero at construction, an
 // exactly zero gradient while the query and value thirds get real ones, still exactly zero after
 // AdamW steps with its default eps (1e-8), which would turn rounding noise into +-lr updates.
 TEST(TransformerLMKeyBias, StartsAtZeroGetsNoGradientAndNeverMoves) {

@@ -686,7 +686,7 @@ TEST_P(RankZeroChooses, EveryRankLoadsRank0sChoice) {
 
 // The trainers read no fault-injection variable themselves: without the preloaded hooks, the
 // test variables and the names they had before (KIT_STOP_AFTER_STEP, KIT_DIE_DURING_SAVE, read by
-// kit/checkpoint.cpp until they moved to kit/checkpoint_hooks.h) change nothing.
+// kit/train/checkpoint.cpp until they moved to kit/train/checkpoint_hooks.h) change nothing.
 TEST(Checkpoints, TrainersReadNoTestVariables) {
   TempDir tmp;
   for (const DeviceRuleCase& c : {kTrainerCases[0], kTrainerCases[3]}) {

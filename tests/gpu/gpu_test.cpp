@@ -34,9 +34,9 @@
 #include <torch/torch.h>
 
 #include "child_process.h"  // Process, Result, TempDir, clean_env (tests/support)
-#include "kit/ddp.h"
-#include "kit/process_group.h"
-#include "kit/transformer_lm.h"
+#include "kit/ddp/ddp.h"
+#include "kit/runtime/process_group.h"
+#include "kit/models/transformer_lm.h"
 #include "tiny_lm.h"  // kit_test::tiny_lm (tests/support)
 
 namespace fs = std::filesystem;

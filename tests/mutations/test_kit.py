@@ -141,7 +141,7 @@ def test_round_trip(repo):
            "the copy's exercise files are stage 0")
     # The student has worked: an edit in each file, and a mode of their own on the job script.
     mine = dict(shipped)
-    repo.write(CPP, shipped[CPP][0].replace(b"// TODO 1:", b"#include \"kit/ddp.h\"  // mine\n// TODO 1:")
+    repo.write(CPP, shipped[CPP][0].replace(b"// TODO 1:", b"#include \"kit/ddp/ddp.h\"  // mine\n// TODO 1:")
                + b"// a note of mine, without a final newline")
     repo.write(SBATCH, shipped[SBATCH][0] + b"# my own line\n")
     os.chmod(repo.path(SBATCH), 0o750)
@@ -293,7 +293,7 @@ def test_check_does_not_compile(repo, work):
     expect(repo.digest() == before, "and changes no file (no check record either)")
     print(out + err)
     # An error that is not in the student's file (a broken kit) is not blamed on a TODO.
-    header = repo.path("common/kit/ddp.h")
+    header = repo.path("common/kit/ddp/ddp.h")
     with open(log, "w") as f:
         f.write(f"{header}:30:5: error: \u2018frob\u2019 does not name a type\n"
                 "   30 |     frob x;\n      |     ^~~~\n")

@@ -5,7 +5,7 @@ A message that tells a student to use a class, include a header or run a command
 there sends them looking for nothing (exercise 03's "FullyShardedLM" for FullyShardedModel). So
 this test reads the text of every message: the string literals of the check's rules and engine
 (common/tools/rules/*.py, common/tools/checklib/*.py, with ast) and of the kit's sources
-(common/kit/*.cpp and *.h), and asserts that
+(common/kit/**/*.cpp and *.h), and asserts that
   * every kit::Name and every CamelCase name in them is declared in a header of common/kit/
     (class, struct, enum, using, TORCH_MODULE, a function), or is a word of the KNOWN list;
   * every header named as kit/<file>.h is a file of common/kit/;
@@ -29,14 +29,14 @@ KNOWN = {"GiB", "MiB", "KiB", "LibTorch", "PyTorch", "ReLU", "WikiText", "ZeRO",
          "JobState", "JobName", "JobHeld", "CommError", "GitHub", "DataError", "SetupError"}
 CAMEL = re.compile(r"(?<![\w/.])(?:kit::)?([A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+)\b")
 KIT_NAME = re.compile(r"\bkit::([A-Za-z_]\w*)")
-HEADER = re.compile(r"\bkit/([a-z0-9_]+\.h)\b")
+HEADER = re.compile(r"\bkit/((?:[a-z0-9_]+/)?[a-z0-9_]+\.h)\b")
 COMMAND = re.compile(r"\./kit ([a-z][a-z-]*)")
 CPP_LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 
 
 def declared():
     names = set()
-    for h in glob.glob(os.path.join(ROOT, "common/kit/*.h")):
+    for h in glob.glob(os.path.join(ROOT, "common/kit/**/*.h"), recursive=True):
         text = open(h, encoding="utf-8").read()
         names |= set(re.findall(r"\b(?:class|struct|enum class|enum|using|namespace)\s+([A-Za-z_]\w*)",
                                 text))
@@ -71,8 +71,8 @@ def messages():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
                 yield path, node.lineno, node.value
-    for path in sorted(glob.glob(os.path.join(ROOT, "common/kit/*.cpp")) +
-                       glob.glob(os.path.join(ROOT, "common/kit/*.h"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "common/kit/**/*.cpp"), recursive=True) +
+                       glob.glob(os.path.join(ROOT, "common/kit/**/*.h"), recursive=True)):
         for n, line in enumerate(open(path, encoding="utf-8"), 1):
             code = line.split("//")[0] if '"' not in line.split("//")[0] else line
             if line.lstrip().startswith(("//", "#include")):
@@ -83,7 +83,8 @@ def messages():
 
 def main():
     names, cmds = declared(), commands()
-    headers = {os.path.basename(h) for h in glob.glob(os.path.join(ROOT, "common/kit/*.h"))}
+    headers = {os.path.relpath(h, os.path.join(ROOT, "common/kit"))
+               for h in glob.glob(os.path.join(ROOT, "common/kit/**/*.h"), recursive=True)}
     errors = []
     for path, line, text in messages():
         where = f"{os.path.relpath(path, ROOT)}:{line}"

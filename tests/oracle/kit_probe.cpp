@@ -26,11 +26,11 @@
 
 #include <torch/torch.h>
 
-#include "kit/cifar10.h"        // Cifar10Dataset: the augmentation
-#include "kit/data_loader.h"    // DistributedSampler, DistributedEvalSampler
-#include "kit/process_group.h"  // ProcessGroup::local_groups
-#include "kit/sharding.h"       // ShardLayout, ShardedAdamW
-#include "kit/zero.h"           // ZeroOptimizer
+#include "kit/data/cifar10.h"           // Cifar10Dataset: the augmentation
+#include "kit/data/data_loader.h"       // DistributedSampler, DistributedEvalSampler
+#include "kit/runtime/process_group.h"  // ProcessGroup::local_groups
+#include "kit/sharding/sharding.h"      // ShardLayout, ShardedAdamW
+#include "kit/sharding/zero.h"          // ZeroOptimizer
 
 namespace {
 

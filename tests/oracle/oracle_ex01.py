@@ -32,7 +32,7 @@ One kind is nearly invisible here: gradients summed instead of averaged over the
 AdamW divides every update by the gradient's own scale; planted, it shows as 2.8e-6 on 2 ranks
 and 1.2e-6 on 4, just caught. tests/ddp, with SGD, is the test that catches it for sure.
 
-With --clip-grad NORM the run clips its averaged gradient (kit/args.h) and the replay calls
+With --clip-grad NORM the run clips its averaged gradient (kit/train/args.h) and the replay calls
 torch.nn.utils.clip_grad_norm_ on the averaged gradient before each step: the same 1e-6 holds.
 
 usage: oracle_ex01.py --trainer EX01_SOLUTION --ddprun DDPRUN --make-corpus MAKE_CORPUS
@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from verdict import expect, finish  # noqa: E402 (tests/support)
 
 # The run: small and quick, dropout off (a random mask could not be replayed), the trainer's
-# defaults for everything else that matters (AdamW, lr 1e-3: see kit/args.h).
+# defaults for everything else that matters (AdamW, lr 1e-3: see kit/train/args.h).
 MODEL = dict(d_model=32, heads=2, layers=1, feedforward=64)
 FLAGS = ["--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
          "--d-model", "32", "--heads", "2", "--layers", "1", "--feedforward", "64",
@@ -65,7 +65,7 @@ CORPUS = ["--train-tokens", "8000", "--valid-tokens", "1200", "--test-tokens", "
 
 
 
-# --- The data, read the way the WikiText-2 files are defined (independently of kit/wikitext.cpp)
+# --- The data, read the way the WikiText-2 files are defined (independently of kit/data/wikitext.cpp)
 
 SPACE = re.compile(rb"[ \t\r\v\f]+")
 
@@ -107,7 +107,7 @@ def batch(ids, indices):
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-# --- The model, from torch.nn (the C++ side is kit/transformer_lm.cpp)
+# --- The model, from torch.nn (the C++ side is kit/models/transformer_lm.cpp)
 
 class LanguageModel(nn.Module):
     def __init__(self, vocab_size, d_model, heads, layers, feedforward):
@@ -119,7 +119,7 @@ class LanguageModel(nn.Module):
         self.head = nn.Linear(d_model, vocab_size)
         self.register_buffer("positions", torch.zeros(SEQ_LEN, d_model))  # loaded from the run
         # The attention's key bias (the middle third of in_proj_bias) is held at zero, as
-        # kit::TransformerLM holds it (see kit/transformer_lm.h): it starts at zero (the loaded
+        # kit::TransformerLM holds it (see kit/models/transformer_lm.h): it starts at zero (the loaded
         # weights) and its gradient, rounding noise that AdamW would blow up into +-lr steps, is
         # replaced by exact zeros, so it never moves.
         for lay in self.encoder.layers:
@@ -235,7 +235,7 @@ def main():
     model.load_state_dict(weights, strict=True)  # every name and shape must match kit's model
     d = MODEL["d_model"]
     expect(all(not lay.self_attn.in_proj_bias[d:2 * d].any() for lay in model.encoder.layers),
-           "the run's attention key bias starts at zero (kit/transformer_lm.h)")
+           "the run's attention key bias starts at zero (kit/models/transformer_lm.h)")
     # Plain AdamW, one tensor at a time (foreach=False): the C++ optimizer's arithmetic.
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
 

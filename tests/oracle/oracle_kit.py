@@ -5,13 +5,13 @@ the kit (label oracle; kit_oracle_probe writes what the kit computes).
     oracle_kit.py --probe build/bin/kit_oracle_probe --work DIR (sampler|augment|adamw)
 
 sampler  DistributedSampler / DistributedEvalSampler, every (size, seed, epoch, replicas, rank)
-         of a grid. The kit shuffles with its own algorithm (kit/data_loader.h: Fisher-Yates driven
+         of a grid. The kit shuffles with its own algorithm (kit/data/data_loader.h: Fisher-Yates driven
          by std::mt19937_64(seed + epoch), the same on every compiler), not torch.randperm, so the
          permutation is re-computed here from that description (mt19937_64 written out in
          Python, checked against the value the C++ standard requires of it); the padding and the
          cut into ranks are torch.utils.data.DistributedSampler's own, applied to it. Without
          shuffle, torch's sampler directly. Exact.
-augment  Cifar10Dataset's crop and flip per (seed, epoch, index), re-computed from kit/cifar10.h's
+augment  Cifar10Dataset's crop and flip per (seed, epoch, index), re-computed from kit/data/cifar10.h's
          description (splitmix64, pad by 4 with zeros after normalising, crop, flip) with torch
          ops. Exact: the same float32 operations.
 adamw    ShardedAdamW on 3 shards and ZeroOptimizer stages 1 and 2 on 2 ranks against

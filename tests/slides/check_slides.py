@@ -88,7 +88,7 @@ def cmd_refs(tmp):
         f"[[todo {EX} 99]]": "has no TODO 99",
         "[[todo no-such-exercise 1]]": "unknown exercise",
         f"[[todo {EX}]]": "expected",
-        '[[file common/kit/distributed.h "no such text here"]]': "has no line containing",
+        '[[file common/kit/runtime/distributed.h "no such text here"]]': "has no line containing",
         "[[file no/such/file.h \"x\"]]": "no file",
         "[[frobnicate 1]]": "unknown",
         "![a diagram](images/no-such-image.svg)": "not found",

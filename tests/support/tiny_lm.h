@@ -3,7 +3,7 @@
 // tests/gpu). Dropout is off: no randomness in forward, so ranks and references compute the same.
 #pragma once
 
-#include "kit/transformer_lm.h"
+#include "kit/models/transformer_lm.h"
 
 namespace kit_test {
 

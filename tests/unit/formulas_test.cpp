@@ -1,9 +1,9 @@
 // The formulas the course teaches, each against numbers worked out by hand (never against the
-// kit's own output): the learning-rate rules and warm-up (kit/lr_rule.h), the throughput figures
-// of metrics.csv and of the scaling summary under a clock the test drives (kit/metrics.h,
-// kit/summary.h), the bytes per rank of the ZeRO report (kit/sharding.h), AdamW on shards against
-// torch::optim::AdamW at zero tolerance, and the loader workers' order with a batch that is slow
-// on purpose (kit/loader_workers.h).
+// kit's own output): the learning-rate rules and warm-up (kit/train/lr_rule.h), the throughput
+// figures of metrics.csv and of the scaling summary under a clock the test drives
+// (kit/train/metrics.h, kit/train/summary.h), the bytes per rank of the ZeRO report
+// (kit/sharding/sharding.h), AdamW on shards against torch::optim::AdamW at zero tolerance, and the
+// loader workers' order with a batch that is slow on purpose (kit/data/loader_workers.h).
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -20,11 +20,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/loader_workers.h"  // LoaderWorkers
-#include "kit/lr_rule.h"         // scale_lr, warmup_factor
-#include "kit/metrics.h"         // Metrics
-#include "kit/sharding.h"        // ShardLayout, ShardedAdamW, formula_bytes, ring_bytes
-#include "kit/summary.h"         // StepTimer, append_summary
+#include "kit/data/loader_workers.h"  // LoaderWorkers
+#include "kit/train/lr_rule.h"        // scale_lr, warmup_factor
+#include "kit/train/metrics.h"        // Metrics
+#include "kit/sharding/sharding.h"    // ShardLayout, ShardedAdamW, formula_bytes, ring_bytes
+#include "kit/train/summary.h"        // StepTimer, append_summary
 
 namespace {
 
@@ -233,9 +233,9 @@ TEST(ShardedAdamW, OneStepByHand) {
 // Three parameters (P = 23, an odd count: the last of N = 3 shards ends in padding), five steps of
 // random gradients. Each rank's ShardedAdamW updates its slice of the flat vector; put together,
 // the slices must equal torch::optim::AdamW on the whole parameters bit for bit: the same
-// element-wise operations in the same order (kit/sharding.h). A large rate and weight decay make
-// an operation out of place (decay after the update, a bias correction off by one step) far
-// larger than rounding.
+// element-wise operations in the same order (kit/sharding/sharding.h). A large rate and weight
+// decay make an operation out of place (decay after the update, a bias correction off by one step)
+// far larger than rounding.
 TEST(ShardedAdamW, ShardsTogetherAreTorchsAdamWBitForBit) {
   constexpr int kRanks = 3, kSteps = 5;
   const auto options = torch::optim::AdamWOptions(0.05).weight_decay(0.3).betas(std::make_tuple(0.8, 0.95));

@@ -30,7 +30,7 @@
 
 #include <torch/torch.h>
 
-#include "kit/distributed.h"
+#include "kit/runtime/distributed.h"
 
 namespace {
 

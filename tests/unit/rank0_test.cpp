@@ -1,6 +1,6 @@
-// The rank-0 helpers of kit/distributed.h (save0, print0) and kit::all_reduce, on real ranks:
-// separate processes started by ddprun, each joining with kit::setup() as a trainer does, since
-// these helpers use the default group that setup() makes. tests/unit/rank0_probe.cpp is the
+// The rank-0 helpers of kit/runtime/distributed.h (save0, print0) and kit::all_reduce, on real
+// ranks: separate processes started by ddprun, each joining with kit::setup() as a trainer does,
+// since these helpers use the default group that setup() makes. tests/unit/rank0_probe.cpp is the
 // program; this test starts it and judges what can be seen from outside: the combined output,
 // the file and, for save0, the file system's own record of who wrote what (inotify).
 //
@@ -97,10 +97,10 @@ class FolderWatch {
 // ---------------------------------------------------------------------------------------------
 
 // save0 on 2 ranks, rank 0 arriving 1.5 s late. The file system must have seen exactly one write
-// of model.pt: rank 0's temporary file, renamed once (kit/files.h), and nothing else. Every rank
-// must find, the moment save0 returns, the complete file holding rank 0's values (1): a rank that
-// returns before rank 0 wrote finds no file, and a file written by every rank shows either in the
-// renames or, when rank 0 is not the last to rename, in the content.
+// of model.pt: rank 0's temporary file, renamed once (kit/train/files.h), and nothing else. Every
+// rank must find, the moment save0 returns, the complete file holding rank 0's values (1): a rank
+// that returns before rank 0 wrote finds no file, and a file written by every rank shows either in
+// the renames or, when rank 0 is not the last to rename, in the content.
 TEST(Rank0Helpers, Save0WritesOneFileFromRankZeroAndTheOthersWaitForIt) {
   kit_test::TempDir tmp("kit-rank0");
   const fs::path out = tmp.path / "out";

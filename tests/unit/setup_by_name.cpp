@@ -4,7 +4,7 @@
 // built only by the test unit.SetupCannotBeUnpackedByPosition, which expects the compiler to
 // refuse both: four names, the trap, and five, in case one thought the hidden member a field).
 // Only compiled, never run: nothing here joins a job.
-#include "kit/distributed.h"
+#include "kit/runtime/distributed.h"
 
 int rank_of(const kit::Setup& me) {
 #if KIT_SETUP_BY_POSITION == 4

@@ -26,10 +26,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/data_loader.h"
-#include "kit/distributed.h"
-#include "kit/env.h"
-#include "kit/process_group.h"
+#include "kit/data/data_loader.h"
+#include "kit/runtime/distributed.h"
+#include "kit/runtime/env.h"
+#include "kit/runtime/process_group.h"
 
 namespace fs = std::filesystem;
 

@@ -2,7 +2,7 @@
 
 The check runs the solution with the same flags, data and ranks (checklib/engine.py). When every
 TODO passes and the final loss still differs, a verdict that says "look at the first ✘ above"
-leaves the student nowhere to go. So this module walks both runs' traces (common/kit/trace.h) and
+leaves the student nowhere to go. So this module walks both runs' traces (common/kit/check/trace.h) and
 names the first event where they part: setup()'s seed, a sampler's seed, the epoch a sampler was
 told, the samples a batch read, the weights a step starts from, a step's loss, a collective, the
 value an all_reduce got, a printed line, a saved file. Then it places that event: in a TODO (by

@@ -104,7 +104,7 @@ DEVICE_WHAT = ("every collective is given tensors on the rank's device (NCCL's r
 
 def device_check(check, data, explain):
     """A tensor made on the host works with Gloo and stops the first GPU run: the student's build
-    runs once more on the kit's fake device (KIT_DEVICE_CHECK=nccl, common/kit/device_check.h),
+    runs once more on the kit's fake device (KIT_DEVICE_CHECK=nccl, common/kit/runtime/device_check.h),
     where every collective refuses a tensor that is not on the rank's device, naming its call.
     Judged only where the solution's run works there (LibTorch 2.13+, a model whose kernels the
     fake device has: exercise 02's convolutions it has not)."""

@@ -31,7 +31,7 @@ def check_setup(v, run, nodes, source, ranks):
         v.add("include", True, "the kit's distributed headers are included")
     else:
         v.add("include", False, "the kit's distributed headers are included",
-              "kit/distributed.h is not included, so setup() cannot be called")
+              "kit/runtime/distributed.h is not included, so setup() cannot be called")
     what = "every rank joins the job with kit::setup() and drives its own device"
     if not called:
         v.add("setup", False, "every rank joins the job with kit::setup()",
@@ -227,7 +227,7 @@ def check_ddp(v, run, ranks):
 
 def check_ddp_forward(v, run, ranks):
     """For a model with buffers (batch norm): the training forward goes through ddp.forward,
-    which copies rank 0's buffers to every rank first (kit/ddp.h: broadcast_buffers, PyTorch's
+    which copies rank 0's buffers to every rank first (kit/ddp/ddp.h: broadcast_buffers, PyTorch's
     default), each copy traced as ddp_buffers. PyTorch's rule skips the copy after a forward made
     inside no_sync(), so a trainer that runs a step's first K-1 micro-batches wholly inside the
     guard copies once per step: at least one copy per optimizer step on every rank passes."""
@@ -520,7 +520,7 @@ def close_sums(a, b, rel=1e-9):
 
 def check_eval_model(v, run, ranks, reference=None):
     """Every evaluation's first forward records the sum of the model's buffers (batch norm's
-    running statistics, kit/model_trace.h): ranks that evaluate the same model agree on it. And
+    running statistics, kit/check/model_trace.h): ranks that evaluate the same model agree on it. And
     the state is compared with the solution's run, not only across ranks: where the last training
     forward before an evaluation had the solution's weights and statistics and its step the same
     loss, the statistics evaluated with must be the solution's too (combined across the ranks the

@@ -1,5 +1,5 @@
 """Running a trainer for the check: one launch (alone, on the ranks of one node, or one rank per
-node), its exit code, per-rank logs and per-rank run traces (KIT_TRACE_DIR, common/kit/trace.h),
+node), its exit code, per-rank logs and per-rank run traces (KIT_TRACE_DIR, common/kit/check/trace.h),
 and small readers of those traces."""
 import ctypes
 import ctypes.util
@@ -96,7 +96,7 @@ class Run:
     def writes(self, name):
         """Every complete write of the out-dir's file `name` the kernel saw, in order: the pid of
         the writer when it wrote a temporary file <name>.tmp.<pid> and renamed it to `name` (the
-        kit's atomic write, kit/files.h), None when a process wrote `name` directly (see DirWatch:
+        kit's atomic write, kit/train/files.h), None when a process wrote `name` directly (see DirWatch:
         direct writes at the same moment may show as one)."""
         out = []
         for event, file, pid in self.files:

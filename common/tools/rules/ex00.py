@@ -11,7 +11,7 @@ Rank r of N starts from mine = (r + 1) x [1..n] and prints one line per result,
   reduce_scatter  (r + 1) x N(N+1)/2 x [1..n]     (chunk c of every rank is (c + 1) x mine)
 
 and after the barrier every rank has seen the marks of all N ranks. A right number is not
-enough: the rank's run trace must also show the collective (common/kit/process_group.cpp traces
+enough: the rank's run trace must also show the collective (common/kit/runtime/process_group.cpp traces
 each one it enters), so a result computed by hand does not pass."""
 import math
 import re
@@ -83,7 +83,7 @@ def check_include(v, run, source, ranks):
     included = source is not None and re.search(r'#\s*include\s+"kit/distributed\.h"',
                                                  read(source))
     joined = all(run.events(r, "setup") for r in range(ranks))
-    v.add("include", bool(included or joined), "kit/distributed.h is included",
+    v.add("include", bool(included or joined), "kit/runtime/distributed.h is included",
           "" if included or joined else "without it there is no kit::setup() to call")
 
 

@@ -7,7 +7,7 @@ import subprocess
 from checklib import compare, engine, judges
 
 # Small and quick: the checks look at behaviour, not at model quality. Every flag a TODO reads
-# differs from its default (kit/args.h: --seed 42, --batch-size 16, --eval-batch-size 32), so a
+# differs from its default (kit/train/args.h: --seed 42, --batch-size 16, --eval-batch-size 32), so a
 # TODO that hard-codes a default does not pass (mutant sampler-seed-42).
 RUN_FLAGS = ["--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16", "--seq-len", "16",
              "--d-model", "32", "--heads", "2", "--layers", "1", "--feedforward", "64",

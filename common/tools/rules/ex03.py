@@ -6,7 +6,7 @@ reference). judge() then runs it once more on N ranks for each ZeRO stage, and o
 resumed, and the solution once on N ranks for each ZeRO stage (the peaks' reference). Rank 0
 prints "parameters P in units u1 u2 ... on N ranks", the epoch and test losses as exercise 01
 does, and every rank "rank R: NAME holds params P grads G optimizer O gathered X bytes, peak Y"
-(Y: the most bytes of live tensors the rank had during a training step, kit/memory.h). A stage
+(Y: the most bytes of live tensors the rank had during a training step, kit/train/memory.h). A stage
 passes when
 
   * its losses are the solution's DDP losses, each within LOSS_TOL, and

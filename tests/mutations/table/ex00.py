@@ -5,8 +5,8 @@ EXERCISE = "00-collectives"
 WHOAMI = 'std::printf("rank %d of %d: local rank %d, device %s\\n", rank, world_size, me.local_rank,'
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
-    ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
-     [('#include "kit/distributed.h"', '#include "distributed.h"')], []),
+    ("include-path", "compile", "1", "#include \"distributed.h\": the header without its folder",
+     [('#include "kit/runtime/distributed.h"', '#include "distributed.h"')], []),
     ("destroy-early", "stops", "2", "destroy_process_group() before the barrier (right code, wrong "
      "place)",
      [("  kit::destroy_process_group();\n", ""),

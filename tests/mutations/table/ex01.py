@@ -6,10 +6,10 @@ AVG_TRAIN = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> 
 SUM_EVAL = "kit::all_reduce(totals, kit::ReduceOp::SUM);  // the sums and counts of all ranks, on every rank"
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
-    ("include-path", "compile", "1", "#include \"distributed.h\": the header without its kit/ folder",
-     [('#include "kit/distributed.h"', '#include "distributed.h"')], []),
-    ("no-distributed-include", "compile", "1", "kit/distributed.h not included (only kit/ddp.h)",
-     [('#include "kit/distributed.h"      // setup(), all_reduce(), print0(), save0(), '
+    ("include-path", "compile", "1", "#include \"distributed.h\": the header without its folder",
+     [('#include "kit/runtime/distributed.h"', '#include "distributed.h"')], []),
+    ("no-distributed-include", "compile", "1", "kit/runtime/distributed.h not included (only kit/ddp/ddp.h)",
+     [('#include "kit/runtime/distributed.h"  // setup(), all_reduce(), print0(), save0(), '
        'destroy_process_group()\n', "")], []),
     ("cuda-rank", "run", "2-3", "the device numbered by the global rank (cuda:rank, on this "
      "CPU-only machine cpu:rank) instead of setup()'s cuda:local_rank",

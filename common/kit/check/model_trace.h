@@ -1,0 +1,31 @@
+// kit/check/model_trace.h — what a model tells the checker (kit/check/trace.h) about itself. Every
+// kit model (TransformerLM, ResNet) calls these two, so that `kit check` judges any exercise's
+// model alike.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+namespace kit::trace {
+
+// "model_to device=...": on a CPU-only machine a wrongly numbered device (cpu:1 where setup()
+// gave cpu) leaves no other trace, because CPU tensors always report plain "cpu".
+void record_model_to(torch::Device device);
+
+// At the start of a training forward: "forward step=N params=<sum of every weight>
+// buffers=<sum of every floating-point buffer> device=...". Ranks whose replicas are in sync
+// record the same params at the same step; the same buffers only where something made them equal
+// (DDP's broadcast_buffers at ddp.forward: the checker tells a forward that bypassed it by them). At step 1, with
+// KIT_TRACE_WEIGHTS=1, also writes the weights that step starts from (after DDP's broadcast:
+// rank 0's on every rank) as a name -> tensor dictionary that Python's torch.load reads.
+// No-op while tracing is off.
+void record_training_forward(const torch::nn::Module& model, int64_t step);
+
+// At the first forward of an evaluation: "evaluate buffers=<sum of every floating-point buffer>"
+// (batch norm's running statistics). Ranks that evaluate the same model record the same sum.
+// No-op while tracing is off.
+void record_evaluation(const torch::nn::Module& model);
+
+}  // namespace kit::trace

@@ -1,0 +1,415 @@
+// kit/ddp/ddp.cpp — the gradient reducer behind DistributedDataParallel (see ddp.h).
+#include "kit/ddp/ddp.h"
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include "kit/ddp/buckets.h"
+#include "kit/compat.h"
+#include "kit/runtime/distributed.h"
+#include "kit/ddp/param_claim.h"  // ParameterClaim: no ZeRO on the same model
+#include "kit/check/trace.h"
+
+namespace kit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Parameter `like`'s gradient as a window on `flat` at `offset` (in elements): the same memory,
+// no copy. Made with set_() rather than flat.narrow(...).view(...): autograd would mark a narrow()
+// as a view of `flat`, and the optimizers' zero_grad() calls grad.detach_(), which autograd
+// refuses on views.
+torch::Tensor window(const torch::Tensor& flat, int64_t offset, const torch::Tensor& like) {
+  return torch::empty({0}, flat.options())
+      .set_(flat.storage(), flat.storage_offset() + offset, like.sizes());
+}
+
+// Rank 0's values of `state` into every rank's, in place: one broadcast per dtype. Not all
+// through float32: that would round float64 weights and large int64 buffers, and change even rank
+// 0's own model. Only bool and bfloat16 travel as uint8 / float32 (exact), in case the backend
+// cannot broadcast them.
+void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  auto wire = [](c10::ScalarType t) {
+    return t == torch::kBool ? torch::kByte : t == torch::kBFloat16 ? torch::kFloat : t;
+  };
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;  // same order on every rank
+  for (auto& t : state) by_type[wire(t.scalar_type())].push_back(t);
+  for (auto& [type, tensors] : by_type) {
+    std::vector<torch::Tensor> flat_parts;
+    for (auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1).to(type));
+    auto flat = torch::cat(flat_parts);
+    group.broadcast(flat, 0);
+    int64_t at = 0;
+    for (auto t : tensors) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> {
+  struct Bucket {
+    std::vector<size_t> params;   // parameter indices, in the order their gradients arrive
+    torch::Tensor flat;           // all their gradients, back to back: what the all-reduce sends
+    size_t pending = 0;           // gradients not yet complete in this step
+    std::unique_ptr<Work> work;   // the all-reduce in flight
+  };
+
+  ProcessGroup* group;
+  std::shared_ptr<ProcessGroup> keep_group;  // the default group stays valid (closed, not freed)
+  Options options;
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;                // of each parameter, for the errors
+  std::vector<torch::Tensor> buffers;            // what broadcast_buffers sends
+  std::function<torch::Tensor(const torch::Tensor&)> call;  // the module's forward, if it has one
+  bool forward_sync = true;      // PyTorch's require_forward_param_sync: broadcast at the next forward
+  std::unique_ptr<ParameterClaim> claim;  // these parameters are ours while we live
+  std::vector<size_t> bytes;                     // of each parameter's gradient
+  std::vector<size_t> bucket_of;                 // param -> its bucket
+  std::vector<torch::Tensor> windows;            // param -> its gradient's place in its bucket
+  std::vector<Bucket> buckets;
+  std::vector<std::vector<size_t>> assignment;   // buckets[k].params, for buckets()
+  int64_t bucket_bytes = 0;                      // all buckets together
+  std::vector<compat::NodePtr> accumulators;  // keep them alive
+  std::vector<uintptr_t> hook_keys;
+  std::vector<bool> ready;
+  std::vector<size_t> arrived;   // the order of the gradients in the first backward (overlap only)
+  size_t next_launch = 0;        // buckets start strictly in order, the same on every rank
+  bool sync = true;              // false inside no_sync(): backward stays local
+  bool finalizer_queued = false;
+  Clock::time_point first_launch;
+  double copy_seconds = 0;       // this step's
+  // On a GPU the wait and reduce times are device time (compat::record_gpu_event): marks on the
+  // current stream at the first launch, before the waits and after them, read one step later
+  // (or by stats()) so that no step waits for the GPU just to time itself.
+  std::unique_ptr<compat::GpuEvent> launch_mark, wait_mark, done_mark;
+  DDPStats stats;
+  std::mutex mutex;
+
+  // A GPU step's times, from its marks (a no-op without pending marks, e.g. on the CPU).
+  void settle() {
+    if (!done_mark || !wait_mark || !launch_mark) return;
+    const double waited = compat::gpu_seconds(*wait_mark, *done_mark);
+    stats.wait_seconds += waited;
+    stats.last_wait_seconds = waited;
+    stats.last_reduce_seconds = compat::gpu_seconds(*launch_mark, *done_mark);
+    launch_mark.reset();
+    wait_mark.reset();
+    done_mark.reset();
+  }
+
+  // Lays the buckets out (construction, and once more at the rebuild). A gradient that exists
+  // already (made before DDP, or living in the old buckets) moves into its new place.
+  void make_buckets(std::vector<std::vector<size_t>> layout) {
+    torch::NoGradGuard no_grad;
+    std::vector<Bucket> fresh;
+    bucket_bytes = 0;
+    for (auto& indices : layout) {
+      Bucket b;
+      int64_t size = 0;
+      for (size_t i : indices) size += params[i].numel();
+      b.flat = torch::zeros({size}, params[0].options().requires_grad(false));
+      int64_t at = 0;
+      for (size_t i : indices) {
+        bucket_of[i] = fresh.size();
+        windows[i] = window(b.flat, at, params[i]);
+        at += params[i].numel();
+        auto& grad = params[i].mutable_grad();
+        if (grad.defined()) {
+          windows[i].copy_(grad);
+          grad = windows[i];
+        }
+      }
+      b.params = indices;
+      b.pending = indices.size();
+      bucket_bytes += size * b.flat.element_size();
+      fresh.push_back(std::move(b));
+    }
+    buckets = std::move(fresh);
+    assignment = std::move(layout);
+    stats.buckets = static_cast<int64_t>(buckets.size());
+  }
+
+  void launch_ready_buckets() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      if (next_launch == 0) {
+        first_launch = Clock::now();
+        if (params[0].is_cuda()) launch_mark = compat::record_gpu_event(params[0].device());
+      }
+      Bucket& b = buckets[next_launch++];
+      b.work = std::make_unique<Work>(group->all_reduce_async({b.flat}, ReduceOp::AVG));
+      stats.all_reduces++;
+    }
+  }
+
+  // Makes sure parameter i's gradient is in its bucket. Usually it is already: autograd added
+  // this step's gradient into the window in place, and there is nothing to do. It is not after
+  // zero_grad() set .grad to none (autograd then hands over a tensor of its own), when user code
+  // replaced .grad, or for a parameter without a gradient (zeros: every rank must send something).
+  void into_bucket(size_t i) {
+    auto& grad = params[i].mutable_grad();
+    const torch::Tensor& place = windows[i];
+    if (grad.defined() && grad.data_ptr() == place.data_ptr()) return;
+    auto start = Clock::now();
+    torch::NoGradGuard no_grad;
+    if (grad.defined()) place.copy_(grad);
+    else place.zero_();
+    grad = place;  // from now on autograd accumulates in place
+    copy_seconds += seconds_since(start);
+  }
+
+  // Called by autograd right after parameter i's gradient was accumulated into .grad.
+  void on_gradient_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!sync) return;  // no_sync(): the gradient stays in .grad and is averaged later
+    if (!finalizer_queued) {
+      // First gradient of this backward: ask autograd to call finalize() when backward ends.
+      finalizer_queued = true;
+      std::weak_ptr<Reducer> self = shared_from_this();
+      torch::autograd::Engine::get_default_engine().queue_callback([self] {
+        if (auto r = self.lock()) r->finalize();
+      });
+    }
+    // A parameter used twice in one graph gets one hook call (autograd sums its uses first); a
+    // second call means a second backward through it in this step, e.g. a reentrant checkpoint,
+    // while its bucket may already be on the wire.
+    TORCH_CHECK(!ready[i], "DistributedDataParallel: parameter '", names[i],
+                "' got its gradient twice in one backward (reentrant activation checkpointing or "
+                "a second backward through it before this one ended); its bucket may already be "
+                "averaged: give each parameter one gradient per backward");
+    ready[i] = true;
+    if (options.overlap && !stats.rebuilt) arrived.push_back(i);
+    into_bucket(i);
+    if (--buckets[bucket_of[i]].pending == 0 && options.overlap) launch_ready_buckets();
+  }
+
+  // End of backward: every rank must contribute every bucket, even with a parameter that got no
+  // gradient this step, or the others would wait for it forever. Such a parameter adds its .grad
+  // if it has one (kept from no_sync() steps or zeroed in place), zeros otherwise, and its .grad
+  // stays as it was: it becomes the average only where another rank used it (PyTorch's
+  // find_unused_parameters). Without that option the step still completes on every rank, so that
+  // no rank waits forever for this one, and then fails naming the parameter.
+  void finalize() {
+    std::unique_lock<std::mutex> lock(mutex);
+    std::vector<size_t> unused;
+    torch::Tensor used;  // 1 per parameter that got a gradient on this rank
+    if (options.find_unused_parameters) used = torch::zeros({static_cast<int64_t>(params.size())});
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ready[i]) {
+        if (used.defined()) used[static_cast<int64_t>(i)] = 1;
+        continue;
+      }
+      unused.push_back(i);
+      torch::NoGradGuard no_grad;
+      if (params[i].grad().defined()) into_bucket(i);
+      else windows[i].zero_();
+      ready[i] = true;
+      --buckets[bucket_of[i]].pending;
+    }
+    launch_ready_buckets();
+    settle();  // the previous step's GPU times, long since recorded
+    const bool gpu = params[0].is_cuda();
+    if (gpu) wait_mark = compat::record_gpu_event(params[0].device());
+    auto start = Clock::now();
+    for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
+    const double waited = seconds_since(start);
+    if (used.defined()) {  // one small all-reduce, as PyTorch's local_used_map
+      auto anywhere = control::all_reduce(*group, used, ReduceOp::SUM);
+      for (size_t i : unused)
+        if (anywhere[static_cast<int64_t>(i)].item<float>() > 0 && !params[i].grad().defined())
+          params[i].mutable_grad() = windows[i];
+    }
+    if (gpu) done_mark = compat::record_gpu_event(params[0].device());
+
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.work.reset();
+    }
+    std::fill(ready.begin(), ready.end(), false);
+    next_launch = 0;
+    finalizer_queued = false;
+    stats.steps++;
+    if (!gpu) {  // on a GPU: settle()
+      stats.wait_seconds += waited;
+      stats.last_wait_seconds = waited;
+      stats.last_reduce_seconds = seconds_since(first_launch);
+    }
+    stats.last_copy_seconds = copy_seconds;
+    stats.last_reduce_bytes = bucket_bytes;
+    copy_seconds = 0;
+    if (trace::enabled())
+      trace::record("ddp_step", "step=" + std::to_string(stats.steps) +
+                                    " wait_us=" + std::to_string(static_cast<int64_t>(waited * 1e6)));
+    if (options.overlap && !stats.rebuilt) rebuild_buckets();
+    if (!unused.empty() && !options.find_unused_parameters) {
+      std::string list;
+      for (size_t i : unused) list += (list.empty() ? "'" : ", '") + names[i] + "'";
+      lock.unlock();
+      TORCH_CHECK(false, "DistributedDataParallel: ", unused.size() == 1 ? "parameter " : "parameters ",
+                  list, " got no gradient in this backward (not "
+                  "used to compute the loss); pass Options{.find_unused_parameters = true} if some "
+                  "parameters may sit out a step, or leave them out of the model");
+    }
+  }
+
+  // Before a forward through the wrapper: rank 0's buffers everywhere (broadcast_buffers), when
+  // the previous forward ran with gradients and outside no_sync() (PyTorch's rule).
+  void before_forward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (options.broadcast_buffers && forward_sync && !buffers.empty()) {
+      broadcast_from_rank0(*group, buffers);
+      if (trace::enabled()) trace::record("ddp_buffers", "count=" + std::to_string(buffers.size()));
+    }
+  }
+  void after_forward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    forward_sync = torch::GradMode::is_enabled() && sync;
+  }
+
+  // After the first backward: buckets in the order the gradients really arrived, so that each
+  // one is complete as early as possible (the guess, reverse parameter order, can be wrong: an LM
+  // head's bias arrives before its weight). Every rank must build the same buckets, and the
+  // arrival order may differ between ranks (a branch taken on one rank only), so all take rank
+  // 0's: one broadcast, once. Parameters that got no gradient go last. The averaged gradients of
+  // this step move along into the new buckets (the optimizer has not used them yet).
+  void rebuild_buckets() {
+    std::vector<int64_t> order(arrived.begin(), arrived.end());
+    std::vector<bool> seen(params.size(), false);
+    for (size_t i : arrived) seen[i] = true;
+    for (size_t i = params.size(); i-- > 0;)
+      if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    // Control traffic (kit::control): staged through the rank's device, back on the host.
+    auto wire = control::broadcast(*group, torch::tensor(order, torch::kLong), 0);
+    std::vector<size_t> agreed(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + wire.numel());
+    make_buckets(assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes, agreed));
+    stats.rebuilt = true;
+    arrived.clear();
+    if (trace::enabled()) trace::record("ddp_rebuild", "buckets=" + std::to_string(buckets.size()));
+  }
+};
+
+namespace {
+
+// Autograd calls this after a parameter's AccumulateGrad node has run, i.e. once .grad holds
+// this step's gradient.
+struct GradReadyHook : torch::autograd::FunctionPostHook {
+  std::weak_ptr<DistributedDataParallel::Reducer> reducer;
+  size_t index;
+  GradReadyHook(std::weak_ptr<DistributedDataParallel::Reducer> r, size_t i)
+      : reducer(std::move(r)), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto r = reducer.lock()) r->on_gradient_ready(index);
+    return outputs;
+  }
+};
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 Options options)
+    : reducer_(std::make_shared<Reducer>()) {
+  Reducer& r = *reducer_;
+  if (!options.group) r.keep_group = default_group_ptr();
+  r.group = options.group ? options.group : r.keep_group.get();
+  r.options = options;
+  for (auto& item : module->named_parameters())
+    if (item.value().requires_grad()) {
+      r.params.push_back(item.value());
+      r.names.push_back(item.key());
+    }
+  r.buffers = module->buffers();
+  TORCH_CHECK(!r.params.empty(), "DistributedDataParallel: the model has no trainable parameters");
+  r.claim = std::make_unique<ParameterClaim>(r.params, "DistributedDataParallel");
+
+  // 1. Same starting point everywhere: rank 0's parameters and buffers.
+  {
+    std::vector<torch::Tensor> state = module->parameters();
+    for (auto& b : r.buffers) state.push_back(b);
+    broadcast_from_rank0(*r.group, state);
+  }
+
+  // 2. Buckets, from the last parameter backwards (kit/ddp/buckets.h), until the first backward
+  //    shows the real order.
+  for (auto& p : r.params) {
+    TORCH_CHECK(p.scalar_type() == r.params[0].scalar_type() && p.device() == r.params[0].device(),
+                "DistributedDataParallel: all parameters must share one dtype and device");
+    r.bytes.push_back(static_cast<size_t>(p.numel() * p.element_size()));
+  }
+  r.bucket_of.resize(r.params.size());
+  r.windows.resize(r.params.size());
+  r.make_buckets(assign_buckets(r.bytes, options.first_bucket_bytes, options.bucket_cap_bytes));
+  r.ready.assign(r.params.size(), false);
+
+  // 3. One hook per parameter, on the node that accumulates its gradient.
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(r.params[i]);
+    r.hook_keys.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(reducer_, i)));
+    r.accumulators.push_back(std::move(acc));
+  }
+  if (trace::enabled())
+    trace::record("ddp", "params=" + std::to_string(r.params.size()) +
+                             " buckets=" + std::to_string(r.buckets.size()) +
+                             " overlap=" + std::to_string(options.overlap) +
+                             " device=" + r.params[0].device().str());
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (size_t i = 0; i < reducer_->accumulators.size(); ++i)
+    reducer_->accumulators[i]->del_post_hook(reducer_->hook_keys[i]);
+}
+
+DistributedDataParallel::NoSync::NoSync(std::shared_ptr<Reducer> r) : reducer_(std::move(r)) {
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->sync = false;
+  // The checker tells "every backward ran inside no_sync()" from "DDP was a temporary" by this.
+  if (trace::enabled()) trace::record("ddp_no_sync", "");
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  if (!reducer_) return;  // moved from
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->sync = true;
+}
+
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(reducer_); }
+
+void DistributedDataParallel::set_forward(std::function<torch::Tensor(const torch::Tensor&)> call) {
+  reducer_->call = std::move(call);
+}
+
+torch::Tensor DistributedDataParallel::forward(const torch::Tensor& input) {
+  TORCH_CHECK(reducer_->call, "DistributedDataParallel::forward: the module has no "
+              "forward(Tensor) -> Tensor; call its forward yourself (no buffer broadcast then)");
+  reducer_->before_forward();
+  auto output = reducer_->call(input);
+  reducer_->after_forward();
+  return output;
+}
+
+const DDPStats& DistributedDataParallel::stats() const {
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->settle();
+  return reducer_->stats;
+}
+const std::vector<std::vector<size_t>>& DistributedDataParallel::buckets() const {
+  return reducer_->assignment;
+}
+
+}  // namespace kit

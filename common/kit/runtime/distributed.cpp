@@ -1,0 +1,455 @@
+// kit/runtime/distributed.cpp — setup, rendezvous and the rank-0 helpers (see distributed.h).
+#include "kit/runtime/distributed.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cctype>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <thread>
+
+#include <c10/util/Logging.h>  // FLAGS_caffe2_log_level
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include "kit/compat.h"
+#include "kit/runtime/device_check.h"
+#include "kit/runtime/env.h"
+#include "kit/train/files.h"
+#include "kit/check/trace.h"
+
+#if defined(__GLIBC__)
+#include <malloc.h>  // mallopt
+#endif
+
+namespace kit {
+namespace {
+
+std::shared_ptr<ProcessGroup> g_group;  // the default group; empty before setup()/after destroy
+int g_rank = 0;
+
+// KIT_TIMEOUT in seconds, or 0 when unset. Not a positive whole number: one error line (a typo
+// that silently meant "the default" would turn a hang of seconds into one of half an hour).
+int kit_timeout_seconds() {
+  const char* t = std::getenv("KIT_TIMEOUT");
+  if (t == nullptr || *t == '\0') return 0;
+  std::string s = t;
+  bool digits = s.size() < 8;
+  for (char c : s) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+  int seconds = digits ? std::atoi(s.c_str()) : 0;
+  if (seconds <= 0)
+    throw SetupError("KIT_TIMEOUT='" + s + "' is not a whole number of seconds above 0");
+  return seconds;
+}
+
+// How long a collective may wait for the other ranks: KIT_TIMEOUT, else c10d's own default for
+// the backend, as torch.distributed has it (torch 2.13: kProcessGroupNCCLDefaultTimeout, 10 min,
+// in ProcessGroupNCCL.hpp; kBackendDefaultTimeout, 30 min, for Gloo in Backend.hpp). A real step
+// may legitimately wait minutes (rank 0 writing a checkpoint, a slow first batch): a shorter
+// default would kill healthy jobs. Tests and ./kit check set KIT_TIMEOUT to seconds.
+std::chrono::milliseconds collective_timeout(const std::string& backend) {
+  if (int s = kit_timeout_seconds(); s > 0) return std::chrono::seconds(s);
+  return backend == "nccl" ? std::chrono::minutes(10) : std::chrono::minutes(30);
+}
+
+// How long rank 0 waits for everybody at the rendezvous (and any rank for rank 0): KIT_TIMEOUT,
+// else c10d's Store::kDefaultTimeout, 5 min. srun starts the tasks of a step together, but a
+// container or a module load can delay some of them by minutes; a rank that never comes is
+// named after that wait ("k of N ranks joined (missing: ...)").
+std::chrono::milliseconds rendezvous_timeout() {
+  if (int s = kit_timeout_seconds(); s > 0) return std::chrono::seconds(s);
+  return std::chrono::minutes(5);
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Everybody meets at rank 0's TCPStore. Rank 0 publishes its WORLD_SIZE, every rank compares it
+// with its own, announces itself under its rank number, and waits until all N have arrived.
+// Any rank that sees a problem writes it under "kit/abort", so the others stop at once with the
+// same message instead of waiting for the timeout.
+c10::intrusive_ptr<c10d::Store> rendezvous(const RankEnv& env, std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    std::string why = first_line(e.what());
+    if (env.rank == 0 && why.find("in use") != std::string::npos)
+      throw SetupError("MASTER_PORT " + std::to_string(env.master_port) + " on " + env.master_addr +
+                       " is already in use (another job or a leftover run?): choose another port");
+    if (env.rank == 0)
+      throw SetupError("rank 0 cannot listen on " + where + ": " + why);
+    throw SetupError("rank " + std::to_string(env.rank) + " cannot reach rank 0 at " + where +
+                     " within " + std::to_string(timeout.count() / 1000) +
+                     " s (is rank 0 running, is MASTER_ADDR right?): " + why);
+  }
+
+  auto fail = [&](const std::string& msg) {
+    store->set("kit/abort", bytes(msg));
+    throw SetupError(msg);
+  };
+  auto check_abort = [&] {
+    if (store->check({"kit/abort"})) throw SetupError(text(store->get("kit/abort")));
+  };
+
+  if (env.rank == 0) store->set("kit/world_size", bytes(std::to_string(env.world_size)));
+  int theirs = std::stoi(text(store->get("kit/world_size")));
+  if (theirs != env.world_size)
+    fail("WORLD_SIZE differs between ranks: rank " + std::to_string(env.rank) + " has " +
+         std::to_string(env.world_size) + ", rank 0 has " + std::to_string(theirs));
+  if (store->add("kit/rank/" + std::to_string(env.rank), 1) != 1)
+    fail("two processes claim RANK " + std::to_string(env.rank) + ": check the launcher");
+  store->add("kit/joined", 1);
+
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    check_abort();
+    int64_t joined = store->add("kit/joined", 0);
+    if (joined >= env.world_size) break;
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      std::string missing;
+      for (int r = 0, listed = 0; r < env.world_size && listed < 8; ++r)
+        if (!store->check({"kit/rank/" + std::to_string(r)})) {
+          missing += (listed++ ? ", " : "") + std::to_string(r);
+        }
+      throw SetupError("rendezvous at " + where + " timed out after " +
+                       std::to_string(timeout.count() / 1000) + " s: " + std::to_string(joined) +
+                       " of " + std::to_string(env.world_size) + " ranks joined (missing: " +
+                       missing + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return store;
+}
+
+// This rank's share of the CPU cores: what Slurm gave the task, or the cores we may run on
+// divided by the ranks on this node. Without it every rank starts one thread per core and they
+// all fight over the same cores.
+int intra_op_threads(const RankEnv& env) {
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && std::atoi(omp) > 0)
+    return std::atoi(omp);
+  if (const char* cpt = std::getenv("SLURM_CPUS_PER_TASK"); cpt && std::atoi(cpt) > 0)
+    return std::atoi(cpt);
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                           : static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, env.local_world_size));
+}
+
+[[noreturn]] void die_with_one_line() {
+  // Every uncaught exception ends the process with a single line naming the rank, instead of
+  // a multi-line "terminate called after throwing..." and a core dump.
+  std::string what = "unknown error";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = first_line(ex.what());
+    } catch (...) {
+    }
+  }
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+  std::fflush(stdout);
+  std::fprintf(stderr, "%serror: %s\n", rank ? (std::string("rank ") + rank + ": ").c_str() : "",
+               what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// Installed when kit_common is loaded, so it also covers errors before setup() (bad flags,
+// missing data).
+[[maybe_unused]] const bool g_terminate_installed = [] {
+  std::set_terminate(die_with_one_line);
+  return true;
+}();
+
+// glibc's malloc gives a large block (from 128 KiB up; its threshold rises only as far as 32
+// MiB) straight back to the kernel when it is freed, and returns free heap space above 128 KiB.
+// A training step frees and reallocates the same activations and gradients every step, so every
+// step pays page faults to get back the memory it has just given away: on the CPU, about a fifth
+// of the benchmark model's step (tests/bench; PyTorch users get the same from MALLOC_* variables
+// or another allocator). Keeping freed memory in the process costs only the RSS that the next
+// step needs anyway. Set when kit_common is loaded, for every kit program; KIT_MALLOC=default
+// leaves glibc's settings alone. (Set before any allocation of ours; both calls also turn off
+// glibc's dynamic threshold, which is why they go together: either one alone is slower.)
+[[maybe_unused]] const bool g_malloc_tuned = [] {
+#if defined(__GLIBC__)
+  const char* mode = std::getenv("KIT_MALLOC");
+  if (mode != nullptr && std::string(mode) == "default") return false;
+  return mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+#else
+  return false;
+#endif
+}();
+
+// A rank that aborts (SIGABRT: NCCL's watchdog after a collective timed out or failed, or any
+// failed assertion) says which rank it was before it dies, on its own stderr: under srun that is
+// the job's .err file, where Slurm's own line ("task 3: Aborted") names a task, not a rank. The
+// line is written when setup() knows the rank, so that the handler only calls write(2), which is
+// safe in a signal handler; then the default action runs (the core dump and exit status 134 the
+// launcher and Slurm report).
+char g_abort_line[256];
+size_t g_abort_len = 0;
+
+void on_abort(int) {
+  if (g_abort_len > 0) {
+    ssize_t ignored = write(STDERR_FILENO, g_abort_line, g_abort_len);
+    (void)ignored;
+  }
+  std::signal(SIGABRT, SIG_DFL);
+  std::raise(SIGABRT);
+}
+
+void name_this_rank_on_abort(int rank) {
+  const int n = std::snprintf(g_abort_line, sizeof g_abort_line,
+                              "kit: rank %d aborted (SIGABRT): on GPUs usually NCCL's watchdog, "
+                              "after a collective timed out or failed (its reason is in the lines "
+                              "above; NCCL_DEBUG=INFO says more)\n", rank);
+  g_abort_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_abort_line - 1) : 0;
+  std::signal(SIGABRT, on_abort);
+}
+
+void record_exit() {
+  trace::record("exit", std::string("group_alive=") + (g_group ? "1" : "0"));
+}
+
+}  // namespace
+
+Setup setup(uint64_t seed) {
+  if (g_group) throw SetupError("setup() was called twice");
+  RankEnv env = read_rank_env();
+
+  bool cuda = torch::cuda::is_available();
+  const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0,
+                                        std::getenv("CUDA_VISIBLE_DEVICES")));
+  std::string backend = compat::kHaveNccl && cuda ? "nccl" : "gloo";
+  if (const char* b = std::getenv("KIT_BACKEND"); b && *b) {
+    backend = b;
+    if (backend != "nccl" && backend != "gloo")
+      throw SetupError("KIT_BACKEND=" + backend + " is not a backend: use nccl or gloo");
+    if (backend == "nccl" && !compat::kHaveNccl)
+      throw SetupError("KIT_BACKEND=nccl, but this LibTorch is a CPU build without NCCL: build "
+                       "against a CUDA build of torch, or use gloo");
+    if (backend == "nccl" && !cuda)
+      throw SetupError("KIT_BACKEND=nccl needs a GPU, but none is visible on this node "
+                       "(CUDA_VISIBLE_DEVICES, --gres?): use gloo, or run on a GPU node");
+  } else if (compat::kHaveNccl && !cuda) {
+    // A CUDA build that sees no GPU although Slurm gave the job some here: the binding left this
+    // task none. Training on the CPU would be silent and slow (kit/runtime/env.h,
+    // gpus_given_but_unseen).
+    const std::string why = gpus_given_but_unseen([](const char* v) { return std::getenv(v); }, 0);
+    if (!why.empty()) throw SetupError("rank " + std::to_string(env.rank) + ": " + why);
+    // Said once, by rank 0: the job runs, but not where the user probably thinks.
+    if (env.rank == 0)
+      std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "
+                           "on the CPU with Gloo\n");
+  }
+  const auto timeout = collective_timeout(backend);
+
+  // The rank's GPU is made current before the process group exists, as PyTorch's own
+  // DDP examples do (torch.cuda.set_device before init_process_group): whatever the group
+  // does on "the current device" before a tensor names one (a CUDA context, a barrier on a device
+  // that ProcessGroupNCCL::guessDeviceForRank() guesses) happens on this rank's GPU, not on GPU 0.
+#if defined(KIT_HAVE_NCCL)
+  if (device.is_cuda()) compat::set_cuda_device(device.index());
+#endif
+
+  // KIT_DEVICE_CHECK=nccl (kit/runtime/device_check.h): the trainer's device is fakegpu:0 and the
+  // group applies NCCL's device rule on Gloo, so that CPU CI sees a host tensor NCCL would refuse.
+  bool check_devices = false;
+  try {
+    check_devices = device_check::enabled();
+  } catch (const std::exception& e) {
+    throw SetupError(e.what());
+  }
+  if (check_devices && backend != "gloo")
+    throw SetupError("KIT_DEVICE_CHECK=nccl imitates NCCL on Gloo; on a GPU with NCCL it has "
+                     "nothing to check: leave it unset, or set KIT_BACKEND=gloo");
+  const torch::Device rank_device = check_devices ? device_check::device() : device;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  const int log_level = FLAGS_caffe2_log_level;
+  if (env.world_size == 1 && env.master_port == 0)
+    store = c10::make_intrusive<c10d::HashStore>();  // alone: nobody to meet
+  else {
+    // c10d logs its own view of a rendezvous problem to stderr first (several glog lines, e.g.
+    // one per address it failed to bind), burying the kit's one-line SetupError. Keep c10d's
+    // log quiet unless the user asked for it with TORCH_CPP_LOG_LEVEL.
+    if (const char* level = std::getenv("TORCH_CPP_LOG_LEVEL"); level == nullptr || *level == '\0')
+      FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);  // 3: above c10d's ERROR
+    store = rendezvous(env, rendezvous_timeout());
+  }
+  try {
+    g_group = make_process_group(c10::make_intrusive<c10d::PrefixStore>("pg", store), env.rank,
+                                 env.world_size, backend, timeout);
+  } catch (const std::exception& e) {
+    throw SetupError("cannot create the " + backend + " process group: " + first_line(e.what()));
+  }
+  g_rank = env.rank;
+  // From here on c10d's errors are the only word on what went wrong: NCCL's watchdog logs why it
+  // aborts a rank (which collective timed out or failed) at ERROR, just before the abort.
+  FLAGS_caffe2_log_level = log_level;
+  name_this_rank_on_abort(env.rank);
+
+  // One rank per GPU, checked across the ranks (kit/runtime/env.h, shared_gpu): every rank says
+  // which node and GPU it drives, and two ranks on one GPU stop every rank with the same line. Only
+  // a CUDA build can have GPUs; the others skip the collective altogether.
+  if (compat::kHaveNccl && env.world_size > 1) {
+    char mine[160] = {};
+    if (device.is_cuda()) {
+      char host[96] = {};
+      gethostname(host, sizeof host - 1);
+      std::snprintf(mine, sizeof mine, "%s %s", host, compat::pci_bus_id(device.index()).c_str());
+    }
+    auto all = control::all_gather(*g_group, torch::from_blob(mine, {sizeof mine}, torch::kUInt8));
+    std::vector<std::string> gpu_of_rank;
+    for (int r = 0; r < env.world_size; ++r)
+      gpu_of_rank.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * sizeof mine));
+    if (const std::string why = shared_gpu(gpu_of_rank); !why.empty()) throw SetupError(why);
+  }
+
+  // Different seeds per rank: dropout masks and any other randomness differ between ranks, as
+  // they would between different batches on one GPU. (The initial weights come from rank 0 via
+  // DistributedDataParallel, and the samplers share one seed on purpose.)
+  torch::manual_seed(seed + static_cast<uint64_t>(env.rank));
+  int threads = intra_op_threads(env);
+  torch::set_num_threads(threads);
+
+  if (trace::enabled()) {
+    trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
+                               std::to_string(env.local_rank) + " world_size=" +
+                               std::to_string(env.world_size) + " device=" + rank_device.str() +
+                               " backend=" + backend + " timeout_s=" +
+                               std::to_string(timeout.count() / 1000) + " threads=" + std::to_string(threads) +
+                               " seed=" + std::to_string(seed));
+    std::atexit(record_exit);
+  }
+  return Setup{env.local_rank, env.rank, rank_device, env.world_size};
+}
+
+bool is_initialized() { return static_cast<bool>(g_group); }
+int get_rank() { return g_group ? g_group->rank() : 0; }
+int get_world_size() { return g_group ? g_group->size() : 1; }
+
+namespace {
+bool g_destroyed = false;  // destroy_process_group() has run
+
+// site: where the trainer called it (nullptr: unknown, as for print0, whose printf-style
+// arguments leave no room for one).
+[[noreturn]] void after_destroy(const char* what, const CallSite* site) {
+  std::string where = site ? " (" + site->str() + ")" : "";
+  if (trace::enabled())
+    trace::record("after_destroy", std::string(what) + (site ? " site=" + site->str() : ""));
+  throw CommError("rank " + std::to_string(g_rank) + ": " + what + where +
+                  " after destroy_process_group(): the process group is closed. "
+                  "destroy_process_group() must be the last kit call of the program");
+}
+}  // namespace
+
+std::shared_ptr<ProcessGroup> default_group_ptr() {
+  if (!g_group && g_destroyed) after_destroy("a collective", nullptr);
+  if (!g_group) throw SetupError("no process group: call kit::setup() first");
+  return g_group;
+}
+ProcessGroup& default_group() { return *default_group_ptr(); }
+
+namespace {
+ProcessGroup& group_for(const char* what, const CallSite& site) {
+  if (!g_group && g_destroyed) after_destroy(what, &site);
+  return default_group();
+}
+}  // namespace
+
+void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
+  ProcessGroup& g = group_for("all_reduce", site);
+  // Small tensors only (a loss, or an evaluation's [loss sum, token count]): the checker reads
+  // what went in and came out; the gradients' buckets would flood the trace.
+  auto values = [](const torch::Tensor& t) {
+    std::string out;
+    auto flat = t.detach().to(torch::kCPU, torch::kDouble).flatten();
+    for (int64_t i = 0; i < flat.numel(); ++i)
+      out += (i ? "," : "") + std::to_string(flat[i].item<double>());
+    return out;
+  };
+  std::string before = trace::enabled() && tensor.numel() >= 1 && tensor.numel() <= 4
+                           ? values(tensor) : "";
+  g.all_reduce(tensor, op, site);
+  if (!before.empty())
+    trace::record("all_reduce", "op=" + std::to_string(static_cast<int>(op)) + " in=" + before +
+                                    " out=" + values(tensor));
+}
+
+void broadcast(torch::Tensor& tensor, int root, CallSite site) {
+  group_for("broadcast", site).broadcast(tensor, root, site);
+}
+
+void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site) {
+  group_for("all_gather", site).all_gather(output, input, site);
+}
+
+void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op,
+                    CallSite site) {
+  group_for("reduce_scatter", site).reduce_scatter(output, input, op, site);
+}
+
+void barrier(CallSite site) { group_for("barrier", site).barrier(site); }
+
+void print0(const char* format, ...) {
+  if (g_destroyed) after_destroy("print0", nullptr);
+  char buffer[4096];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  if (trace::enabled()) {
+    std::string line = buffer;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    trace::record("print0", line);
+  }
+  if (get_rank() != 0) return;
+  std::fputs(buffer, stdout);
+  std::fflush(stdout);  // a job's output file should show progress as it happens
+}
+
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path,
+           CallSite site) {
+  if (g_destroyed) after_destroy("save0", &site);
+  if (get_rank() == 0) {
+    torch::serialize::OutputArchive archive;
+    module->save(archive);
+    write_atomically(path, archive, "save0");  // temp file, fsync, rename (kit/train/files.h)
+  }
+  // The call only: who really wrote the file is for the file system to say (the checker
+  // watches the folder), not for this line.
+  trace::record("save0", path);
+  // Nobody reads the file before it is complete (e.g. to evaluate the best model).
+  if (is_initialized() && get_world_size() > 1) g_group->barrier(site);
+}
+
+void destroy_process_group() {
+  if (g_destroyed) after_destroy("a second destroy_process_group()", nullptr);
+  trace::record("destroy", "");
+  // Objects that hold the group (a DistributedDataParallel) see it closed, not freed.
+  if (g_group) g_group->shutdown();
+  g_group.reset();
+  g_destroyed = true;
+}
+
+}  // namespace kit

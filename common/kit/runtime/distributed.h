@@ -1,0 +1,87 @@
+// kit/runtime/distributed.h — setup(), all_reduce(), print0(), save0(), destroy_process_group():
+// the torch.distributed calls a trainer needs, which LibTorch's C++ frontend does not have.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "kit/runtime/process_group.h"
+
+namespace kit {
+
+// What a rank needs to know about itself. Read its fields by name:
+//   const kit::Setup me = kit::setup(seed);
+//   ... me.rank, me.local_rank, me.world_size, me.device ...
+// It cannot be unpacked by position: `auto [a, b, c, d] = kit::setup()` does not compile. Two of
+// the fields are ints next to each other (local_rank and rank), so a positional unpacking in the
+// wrong order would compile and run with the two swapped, silently while they agree (a job on one
+// node) and with the wrong GPU or data slice elsewhere. A class with a private data member cannot
+// be decomposed by structured bindings (C++17 [dcl.struct.bind]/4), hence by_name_only_.
+// (tests/unit: SetupCannotBeUnpackedByPosition compiles such a line and expects it to fail.)
+struct Setup {
+  Setup(int local_rank, int rank, torch::Device device, int world_size)
+      : local_rank(local_rank), rank(rank), device(device), world_size(world_size) {}
+  int local_rank;       // index among the ranks on this node -> which GPU this rank drives
+  int rank;             // index among all ranks of the job, 0..world_size-1
+  torch::Device device; // cuda:local_rank on a GPU node, cpu otherwise
+  int world_size;       // number of ranks in the job
+
+ private:
+  bool by_name_only_ __attribute__((unused)) = true;  // see above: no structured bindings
+};
+
+// Joins the job. Reads the rank environment (kit/runtime/env.h), makes the rank's GPU current
+// (device_for(), env.h), meets the other ranks at MASTER_ADDR:MASTER_PORT (rank 0 listens;
+// everybody checks in, with a "k of N joined" timeout), creates the process group (NCCL when
+// CUDA is available, Gloo otherwise), seeds torch's RNG with seed + rank, and sets the intra-op thread count to this rank's share of
+// the cores. Without a launcher it sets up a world of one, so the same trainer runs anywhere.
+// Any problem is a kit::SetupError with a one-line message.
+// Collectives time out after KIT_TIMEOUT seconds (default: c10d's, 10 min for NCCL, 30 min for
+// Gloo); the rendezvous after KIT_TIMEOUT too (default 5 min).
+Setup setup(uint64_t seed = 0);
+
+bool is_initialized();  // between setup() and destroy_process_group()
+int get_rank();        // 0 when not initialized
+int get_world_size();  // 1 when not initialized
+ProcessGroup& default_group();  // the group setup() created
+std::shared_ptr<ProcessGroup> default_group_ptr();  // the same, for objects that outlive a call
+
+// The collectives, over the default group. Every rank must call each of them, in the same order,
+// with tensors of the same shape and dtype: they meet by their position in that order, not by
+// name. A rank that skips one leaves the others waiting until KIT_TIMEOUT; with
+// KIT_DEBUG_COLLECTIVES=1 the ranks compare every call first and name the one that differs.
+//
+// In place: every rank ends with the reduction of all ranks' tensors, e.g. the average loss:
+//   kit::all_reduce(loss, kit::ReduceOp::AVG);
+void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM, CallSite site = {});
+// Rank `root`'s values, copied into `tensor` on every rank.
+void broadcast(torch::Tensor& tensor, int root = 0, CallSite site = {});
+// Every rank's `input`, in rank order: output.numel() == world size x input.numel().
+void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site = {});
+// `input` is world size equal chunks; rank r gets chunk r, reduced over all ranks.
+void reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                    ReduceOp op = ReduceOp::SUM, CallSite site = {});
+// Returns once every rank has called it.
+void barrier(CallSite site = {});
+
+// printf() on rank 0 only, so the job's output has each line once instead of world_size times.
+void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// Saves the module's parameters and buffers like torch::save, on rank 0 only; the other ranks
+// wait until the file is complete. The file is written to a temporary name, flushed and renamed,
+// so a crash mid-save never leaves a half-written checkpoint under the real name.
+void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& path,
+           CallSite site = {});
+template <typename M>
+void save0(const torch::nn::ModuleHolder<M>& module, const std::string& path, CallSite site = {}) {
+  save0(std::static_pointer_cast<torch::nn::Module>(module.ptr()), path, site);
+}
+
+// Leaves the job: closes the process group and its connections. Call once, at the very end:
+// any collective, print0, save0 or DDP step after it is an error that says so.
+void destroy_process_group();
+
+}  // namespace kit

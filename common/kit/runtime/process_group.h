@@ -1,0 +1,165 @@
+// kit/runtime/process_group.h — ProcessGroup: a communicator (Gloo on CPU, NCCL on GPU) with the
+// collectives the kit needs, Work (the handle of one running in the background), CallSite (where
+// in the trainer a collective was called) and CommStats (what went over the wire).
+//
+// This is a thin, version-independent face on c10d: kit/compat.h hides what differs between
+// LibTorch versions and backends. Trainers use the free functions of kit/runtime/distributed.h,
+// which call the default group that setup() made; tests build several groups inside one process
+// (local_groups()).
+//
+// Every collective is traced (kit/check/trace.h) with its number in this group's sequence, its
+// kind, its tensor's shape and dtype and the line of the trainer that called it, so that `kit
+// check` can compare the ranks' sequences when a run hangs: every rank must call every collective,
+// in the same order, with the same shapes.
+//
+// NCCL moves only tensors on the rank's GPU. Every tensor handed to the backend passes one check
+// of that rule (on NCCL, and on Gloo under KIT_DEVICE_CHECK=nccl, kit/runtime/device_check.h), and
+// host values travel only through kit::control (below), which stages them through device().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace kit {
+
+enum class ReduceOp { SUM, AVG, MAX, MIN };
+const char* to_string(ReduceOp op);
+
+// Where a collective was called from. Functions take it as a defaulted last argument, and the
+// compiler fills in the caller's file and line (as C++20's std::source_location, which Clang 14
+// cannot do with GCC's standard library).
+struct CallSite {
+  const char* file;
+  int line;
+  CallSite(const char* f = __builtin_FILE(), int l = __builtin_LINE()) : file(f), line(l) {}
+  std::string str() const;  // "train.cpp:56"
+};
+
+// Thrown when a collective fails: a peer died, it timed out, the shapes of the ranks differ, or
+// it was called after destroy_process_group(). what() is one line naming the collective.
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A collective in flight. wait() blocks until it is done and rethrows its error as CommError.
+class Work {
+ public:
+  struct Impl;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  void wait();
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Bytes this rank handed to each kind of collective (the tensors' sizes, not what the algorithm
+// sends on the wire), and how many calls: for reports such as exercise 03's communication table.
+struct CommStats {
+  std::map<std::string, int64_t> calls, bytes;  // by kind: "all_reduce", "all_gather", ...
+};
+
+class ProcessGroup {
+ public:
+  struct Impl;
+  ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::string backend);
+  ~ProcessGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backend() const { return backend_; }  // "gloo" or "nccl"
+  // Where this rank's collectives take their tensors: the current GPU on NCCL, fakegpu:0 under
+  // KIT_DEVICE_CHECK=nccl (kit/runtime/device_check.h), the CPU on Gloo. Every collective refuses,
+  // in one line naming the call, a tensor elsewhere on NCCL and under KIT_DEVICE_CHECK=nccl.
+  torch::Device device() const;
+
+  // In-place all-reduce of `tensors` (all of them in one collective).
+  Work all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op, CallSite site = {});
+  void all_reduce(torch::Tensor tensor, ReduceOp op, CallSite site = {}) {
+    all_reduce_async({tensor}, op, site).wait();
+  }
+  // Rank `root`'s tensor, copied into `tensor` on every other rank.
+  void broadcast(torch::Tensor tensor, int root, CallSite site = {});
+  // output = the inputs of ranks 0..size-1, back to back: output.numel() == size * input.numel()
+  // (output may be flat or shaped [size, ...]).
+  Work all_gather_async(torch::Tensor output, torch::Tensor input, CallSite site = {});
+  void all_gather(torch::Tensor output, torch::Tensor input, CallSite site = {}) {
+    all_gather_async(output, input, site).wait();
+  }
+  // input holds size equal chunks; rank r gets chunk r reduced over all ranks:
+  // input.numel() == size * output.numel().
+  Work reduce_scatter_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
+                            CallSite site = {});
+  void reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op, CallSite site = {}) {
+    reduce_scatter_async(output, input, op, site).wait();
+  }
+  // The same, with `input` as scratch (its values are undefined after wait()): on Gloo, where
+  // c10d's reduce-scatter all-reduces a copy of the input, the input itself is all-reduced, and no
+  // copy of it is made. The same arithmetic and bytes; traced and counted as a reduce_scatter.
+  Work reduce_scatter_scratch_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
+                                    CallSite site = {});
+  void barrier(CallSite site = {});
+
+  // After shutdown() every collective throws CommError naming the call: destroy_process_group()
+  // calls it, so work after it is one clear error, not a crash on a released connection. The
+  // backend's own shutdown() runs too (NCCL: its communicators are finalized and its watchdog
+  // stopped, as torch.distributed.destroy_process_group() does).
+  void shutdown();
+  bool alive() const;
+
+  int64_t collectives() const { return seq_; }  // how many this rank has entered
+  const CommStats& stats() const { return stats_; }
+
+  // N groups of one in-process world on a HashStore, one per rank, for tests whose ranks are
+  // threads. backend "gloo": CPU tensors. backend "nccl": rank r works on cuda:r (NCCL cannot put
+  // two ranks on one GPU), so it needs n visible GPUs and a CUDA build of LibTorch; otherwise it
+  // throws CommError with nccl_unavailable(n)'s reason.
+  static std::vector<std::shared_ptr<ProcessGroup>> local_groups(
+      int n, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+      const std::string& backend = "gloo");
+
+  // Whether this process can run `ranks` NCCL ranks, one per GPU: "" when it can, otherwise the
+  // reason in one line ("this LibTorch is a CPU build without CUDA/NCCL", "no GPU visible ...",
+  // "needs 4 GPUs ..."). Asked at run time, so that GPU tests compile everywhere and skip with
+  // the reason where they cannot run.
+  static std::string nccl_unavailable(int ranks = 1);
+  // Whether this LibTorch was built with CUDA and NCCL (whether or not a GPU is visible).
+  static bool nccl_built();
+
+ private:
+  // Numbers the call, traces it, counts it; throws if the group is shut down.
+  std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
+                                    const CallSite& site);
+  // What the backend is given for `t` in `call`: NCCL's device rule checked (see device()).
+  torch::Tensor wire(const torch::Tensor& t, const Work::Impl& call) const;
+  std::shared_ptr<Impl> impl_;
+  int rank_, size_;
+  std::string backend_;
+  int64_t seq_ = 0;
+  CommStats stats_;
+};
+
+// Control traffic: small host values the ranks must agree on (a stop flag, a loss sum, an
+// order of buckets, a report of bytes), as opposed to the training's own tensors. Every such
+// exchange in the kit goes through these, and nothing else makes a tensor for a collective on the
+// host: each call copies the values to group.device(), runs the collective there and returns the
+// result on the CPU. That is what torch.distributed does for its object collectives on NCCL, and
+// it is right on both backends (on Gloo the copies are no-ops). Values of any device are taken;
+// the caller's tensor is never modified.
+namespace control {
+// Every rank's `values` reduced element-wise with `op`.
+torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, ReduceOp op,
+                         CallSite site = {});
+// Ranks 0..size-1's `values`, back to back: [size * values.numel()].
+torch::Tensor all_gather(ProcessGroup& group, const torch::Tensor& values, CallSite site = {});
+// Rank `root`'s `values` on every rank (the same shape and dtype on all of them).
+torch::Tensor broadcast(ProcessGroup& group, const torch::Tensor& values, int root,
+                        CallSite site = {});
+}  // namespace control
+
+}  // namespace kit

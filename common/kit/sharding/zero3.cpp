@@ -1,0 +1,348 @@
+// kit/sharding/zero3.cpp — ZeRO-3: per-unit gather, forward, free; gather, backward,
+// reduce-scatter, free (see zero3.h).
+#include "kit/sharding/zero3.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_map>
+
+#include <torch/torch.h>
+
+#include "kit/train/clip.h"           // clip_shard_grads_: the global norm over every unit's shard
+#include "kit/runtime/distributed.h"  // default_group_ptr
+
+namespace kit {
+
+struct FullyShardedModel::Unit {
+  std::string name;
+  ShardedUnit::Forward forward;
+  std::vector<torch::Tensor> params;  // the module's own tensors: empty except while gathered
+  ShardLayout layout;
+  torch::Tensor shard;                // this rank's S weights: a leaf that requires grad
+  ShardedAdamW adamw;
+  // The unit's N S weights. Its StorageImpl lives as long as the unit (autograd's saved views
+  // point into it); its bytes exist only while the unit is gathered.
+  torch::Tensor full;
+  bool gathered = false;
+};
+
+namespace {
+
+// The bytes of a tensor's storage, released or allocated again, with the StorageImpl kept: every
+// tensor viewing it (the parameters, what autograd saved) sees the new bytes. c10::StorageImpl's
+// set_data_ptr_noswap, set_nbytes(size_t) and allocator() read the same in the headers of
+// LibTorch 2.2.2 and 2.15.0 (no compat.h note needed). set_nbytes has a SymInt overload too:
+// the argument is a size_t, so that the call is not ambiguous.
+void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+  s->set_nbytes(size_t{0});
+}
+
+void allocate_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+// Which model and unit a recorded forward belongs to, kept in autograd's context for backward.
+// The context stores IValues; a custom class in a capsule keeps the two typed pointers (no
+// integers standing for addresses). Both outlive the graph: a step's backward comes before the
+// model is destroyed.
+struct UnitRef : torch::CustomClassHolder {
+  UnitRef(FullyShardedModel* m, FullyShardedModel::Unit* u) : model(m), unit(u) {}
+  FullyShardedModel* model;
+  FullyShardedModel::Unit* unit;
+};
+
+// The unit's input as the leaf of the unit's own graph: the same tensor, cut from the graph
+// before it; it requires grad when it can have one (the tokens cannot).
+torch::Tensor inner_input(const torch::Tensor& input) {
+  torch::Tensor x = input.detach();
+  if (x.is_floating_point()) x.requires_grad_(true);
+  return x;
+}
+
+// The unit gathered, its graph (out from in) recorded: back-propagates `grad` through it. The
+// weights' gradients accumulate into the parameters' .grad, set to views of one zeroed flat
+// buffer, so they land in the layout the reduce-scatter wants without a copy. Then the weights
+// are freed (before the reduce-scatter: they are not needed for it) and the flat gradient
+// reduce-scattered. Returns this rank's shard of the averaged gradient; in.grad() holds the
+// input's.
+torch::Tensor backward_unit(FullyShardedModel& model, FullyShardedModel::Unit& u,
+                            const torch::Tensor& out, torch::Tensor grad, const torch::Tensor& in) {
+  torch::Tensor flat = torch::zeros({u.layout.padded()}, u.shard.options().requires_grad(false));
+  for (size_t i = 0; i < u.params.size(); ++i) u.params[i].mutable_grad() = u.layout.part(flat, i);
+  std::vector<torch::Tensor> wrt = u.params;
+  if (in.requires_grad()) wrt.push_back(in);
+  if (!grad.defined()) grad = torch::zeros_like(out);  // the unit's output was not used
+  torch::autograd::backward({out}, {grad}, /*retain_graph=*/false, /*create_graph=*/false, wrt);
+  for (auto& p : u.params) p.mutable_grad() = torch::Tensor();
+  model.release(u);
+  if (model.group_ptr()->size() == 1) return flat;  // one rank: its shard, and the average, is all
+  auto shard_grad = torch::empty({u.layout.shard()}, u.shard.options().requires_grad(false));
+  torch::NoGradGuard no_grad;
+  // Each rank gets the average over the ranks of its own shard of the unit's gradient.
+  model.group_ptr()->reduce_scatter(shard_grad, flat, ReduceOp::AVG);
+  return shard_grad;
+}
+
+// The unit's input and its weight shard in, the unit's output out; see zero3.h.
+struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input,
+                               torch::Tensor shard, FullyShardedModel* model,
+                               FullyShardedModel::Unit* unit) {
+    (void)shard;  // an input only so that its gradient comes back through backward()
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(c10::make_intrusive<UnitRef>(model, unit));
+    model->gather(*unit);
+    torch::Tensor out;
+    if (model->recompute()) {
+      // Where the random numbers stand (dropout), for the recomputation in backward.
+      auto gen = at::globalContext().defaultGenerator(input.device());
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        ctx->saved_data["rng"] = gen.get_state();
+      }
+      out = unit->forward(input);  // no-grad (apply's): nothing saved inside the unit
+      ctx->save_for_backward({input});
+    } else {
+      // The unit's own graph, recorded from a leaf that stands for the input; autograd's saved
+      // tensors in it view the flat buffer, whose bytes release() frees now.
+      torch::Tensor in = inner_input(input);
+      torch::AutoGradMode grad_on(true);
+      out = unit->forward(in);
+      ctx->saved_data["in"] = in;
+      ctx->saved_data["out"] = out;
+      out = out.detach();  // apply() gives the output its place in the outer graph
+    }
+    model->release(*unit);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto ref =
+        c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    FullyShardedModel& model = *ref->model;
+    FullyShardedModel::Unit& unit = *ref->unit;
+    model.gather(unit);
+    torch::Tensor in, out;
+    if (model.recompute()) {
+      in = inner_input(ctx->get_saved_variables()[0]);
+      // The forward again, this time recording the graph, with forward's random numbers.
+      auto gen = at::globalContext().defaultGenerator(in.device());
+      torch::Tensor now;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        now = gen.get_state();
+        gen.set_state(ctx->saved_data["rng"].toTensor());
+      }
+      {
+        torch::AutoGradMode grad_on(true);
+        out = unit.forward(in);
+      }
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(now);
+    } else {
+      if (!ctx->saved_data.count("out"))
+        throw std::runtime_error("FullyShardedModel: unit '" + unit.name + "' was back-propagated "
+                                 "through twice; its graph is freed after the first backward");
+      in = ctx->saved_data["in"].toTensor();
+      out = ctx->saved_data["out"].toTensor();
+      ctx->saved_data.erase("in");  // the inner graph goes with the last reference below
+      ctx->saved_data.erase("out");
+    }
+    torch::Tensor shard_grad = backward_unit(model, unit, out, grad_out[0], in);
+    return {in.requires_grad() ? in.grad() : torch::Tensor(), shard_grad, torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+int stage_3(int stage) {
+  check_zero_stage(stage);
+  if (stage != 3)
+    throw std::invalid_argument("FullyShardedModel is ZeRO stage 3, not " + std::to_string(stage) +
+                                " (stages 1 and 2: ZeroOptimizer)");
+  return stage;
+}
+
+std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : params)
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+std::vector<ShardedUnit> from_lm_units(std::vector<TransformerLMImpl::Unit> units) {
+  std::vector<ShardedUnit> out;
+  for (size_t k = 0; k < units.size(); ++k)
+    out.emplace_back("unit " + std::to_string(k) + " (" + units[k].module->name() + ")",
+                     std::move(units[k].run), units[k].module->parameters());
+  return out;
+}
+
+}  // namespace
+
+// The model's units. A parameter outside every unit would be neither gathered nor trained: such
+// a model is refused.
+std::vector<ShardedUnit> sharded_units(TransformerLM& model) {
+  auto units = model->units();
+  int64_t all = 0, in_units = 0;
+  for (auto& p : model->parameters()) all += p.numel();
+  for (auto& u : units)
+    for (auto& p : u.module->parameters()) in_units += p.numel();
+  if (all != in_units)
+    throw std::invalid_argument("FullyShardedModel: the units hold " + std::to_string(in_units) +
+                                " of the model's " + std::to_string(all) + " parameters");
+  return from_lm_units(std::move(units));
+}
+
+FullyShardedModel::FullyShardedModel(TransformerLM& model, ZeroOptions options,
+                                     FullyShardedOptions sharding)
+    : FullyShardedModel(sharded_units(model), options, sharding) {}
+
+FullyShardedModel::FullyShardedModel(std::vector<TransformerLMImpl::Unit> units,
+                                     ZeroOptions options, FullyShardedOptions sharding)
+    : FullyShardedModel(from_lm_units(std::move(units)), options, sharding) {}
+
+FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
+                                     FullyShardedOptions sharding)
+    : keep_group_(options.group ? nullptr : default_group_ptr()),
+      group_(options.group ? options.group : keep_group_.get()),
+      recompute_(sharding.recompute) {
+  stage_3(options.stage);
+  max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");
+  if (units.empty()) throw std::invalid_argument("FullyShardedModel: no units given");
+  // A parameter in two units would be gathered into two buffers and trained twice.
+  std::unordered_map<const void*, const std::string*> owner;
+  std::vector<torch::Tensor> every;
+  for (auto& u : units) {
+    if (!u.forward)
+      throw std::invalid_argument("FullyShardedModel: unit '" + u.name + "' has no forward");
+    for (auto& p : trainable(u.params)) {
+      auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u.name);
+      if (!fresh)
+        throw std::invalid_argument("FullyShardedModel: a parameter of unit '" + u.name +
+                                    "' is also in unit '" + *at->second + "'");
+      every.push_back(p);
+    }
+  }
+  claim_ = std::make_unique<ParameterClaim>(every, "ZeRO-3");
+  torch::NoGradGuard no_grad;
+  for (auto& u : units) {
+    std::vector<torch::Tensor> params = trainable(u.params);
+    if (params.empty()) {  // nothing to shard: the unit runs as it is
+      chain_.push_back({std::move(u.forward), nullptr});
+      continue;
+    }
+    ShardLayout layout(params, group_->size(), group_->rank());
+    // Rank 0's weights, as DDP starts; then keep only our shard of them.
+    auto flat = layout.flatten(params);
+    if (group_->size() > 1) group_->broadcast(flat, 0);
+    auto shard = layout.own(flat).clone().requires_grad_(true);
+    flat = torch::Tensor();
+    ShardedAdamW adamw(options.adamw, shard.detach());
+    auto full = torch::empty({layout.padded()}, shard.options().requires_grad(false));
+    units_.push_back(std::make_unique<Unit>(Unit{u.name, std::move(u.forward), params, layout,
+                                                 shard, std::move(adamw), full, true}));
+    chain_.push_back({units_.back()->forward, units_.back().get()});
+    gathered_now_ += bytes_of({full});
+    release(*units_.back());
+  }
+  gathered_peak_ = 0;
+}
+
+FullyShardedModel::~FullyShardedModel() = default;
+
+void FullyShardedModel::gather(Unit& u) {
+  TORCH_CHECK(!u.gathered, "FullyShardedModel: unit '", u.name, "' gathered twice");
+  torch::NoGradGuard no_grad;
+  allocate_storage(u.full);
+  // One rank: its shard is the whole unit. A copy, not a collective: Gloo's all-gather would
+  // stage the result in a flat buffer of its own, one more copy of the unit's weights.
+  if (group_->size() == 1) u.full.copy_(u.shard.detach());
+  else group_->all_gather(u.full, u.shard.detach());
+  for (size_t i = 0; i < u.params.size(); ++i) u.params[i].set_data(u.layout.part(u.full, i));
+  u.gathered = true;
+  gathered_now_ += bytes_of({u.full});
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+}
+
+void FullyShardedModel::release(Unit& u) {
+  if (!u.gathered) return;
+  torch::NoGradGuard no_grad;
+  for (auto& p : u.params) p.set_data(torch::empty({0}, p.options().requires_grad(false)));
+  free_storage(u.full);
+  u.gathered = false;
+  gathered_now_ -= bytes_of({u.full});
+}
+
+torch::Tensor FullyShardedModel::forward(const torch::Tensor& input) {
+  torch::Tensor x = input;
+  const bool record = torch::GradMode::is_enabled();
+  for (auto& link : chain_) {
+    if (!link.unit) {
+      x = link.forward(x);
+    } else if (record) {
+      x = GatheredUnit::apply(x, link.unit->shard, this, link.unit);
+    } else {  // evaluation: nothing to keep for a backward
+      gather(*link.unit);
+      x = link.forward(x);
+      release(*link.unit);
+    }
+  }
+  return x;
+}
+
+void FullyShardedModel::zero_grad() {
+  for (auto& u : units_) u->shard.mutable_grad() = torch::Tensor();
+}
+
+void FullyShardedModel::step() {
+  // Backward left each unit's averaged shard in shard.grad(): the global norm is over all of them.
+  if (max_grad_norm_ > 0) {
+    std::vector<torch::Tensor> grads;
+    for (auto& u : units_) grads.push_back(u->shard.grad());
+    grad_norm_ = clip_shard_grads_(grads, max_grad_norm_, *group_);
+  }
+  for (auto& u : units_)
+    if (u->shard.grad().defined()) u->adamw.update(u->shard.detach(), u->shard.grad());
+}
+
+HeldBytes FullyShardedModel::held() const {
+  HeldBytes b;
+  for (auto& u : units_) {
+    b.params += bytes_of({u->shard});
+    b.grads += bytes_of({u->shard.grad()});
+    b.optimizer += u->adamw.bytes();
+  }
+  b.gathered_peak = gathered_peak_;
+  return b;
+}
+
+int64_t FullyShardedModel::numel() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += u->layout.numel();
+  return n;
+}
+
+int64_t FullyShardedModel::padded() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += u->layout.padded();
+  return n;
+}
+
+std::vector<torch::Tensor> FullyShardedModel::shards() const {
+  std::vector<torch::Tensor> out;
+  for (auto& u : units_) out.push_back(u->shard);
+  return out;
+}
+
+std::vector<ShardedAdamW*> FullyShardedModel::adamw() {
+  std::vector<ShardedAdamW*> out;
+  for (auto& u : units_) out.push_back(&u->adamw);
+  return out;
+}
+
+}  // namespace kit

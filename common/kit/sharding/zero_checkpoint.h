@@ -1,0 +1,42 @@
+// kit/sharding/zero_checkpoint.h — sharded checkpoints for ZeRO: each rank saves only what it
+// holds.
+//
+//   kit::save_zero_checkpoint(dir, optimizer);   // every rank; ZeroOptimizer or FullyShardedModel
+//   kit::load_zero_checkpoint(dir, optimizer);   // every rank, on as many ranks as saved it
+//
+// Under ZeRO no rank has the whole training state (ZeRO-1/2: nobody has all of AdamW's moments;
+// ZeRO-3: nobody has the weights), so nobody could write the usual single file without first
+// gathering everything onto one rank. Instead rank r writes <dir>/shard-<r>-of-<N>.pt: its shard
+// of the weights, its AdamW moments and step count; rank 0 also writes <dir>/MANIFEST (the
+// layout's version, the ZeRO stage, the number of ranks, the number of parameters; a ZeRO-1/2
+// checkpoint of the layout before gradient-ordered buckets is refused with one line). Each file
+// is written atomically (kit/train/files.h). Loading puts every tensor back exactly: the run
+// continues bit for bit. Inside a checkpoint of kit::Checkpoints (save_sharded, <checkpoint>/zero),
+// every shard is in the checkpoint's MANIFEST with its size and checksum, and resume_sharded has
+// each rank verify its own shard, and the ranks agree, before load_zero_checkpoint's first
+// collective.
+//
+// A shard is a slice of a layout that depends on the number of ranks, so a checkpoint loads
+// only on as many ranks as wrote it; anything else is refused with one line (resharding, which
+// would gather the shards and cut them again, is not built).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "kit/sharding/zero.h"   // ZeroOptimizer
+#include "kit/sharding/zero3.h"  // FullyShardedModel
+
+namespace kit {
+
+// What a checkpoint that cannot be loaded throws: one line.
+struct ZeroCheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
+void load_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
+void save_zero_checkpoint(const std::string& dir, FullyShardedModel& model);
+void load_zero_checkpoint(const std::string& dir, FullyShardedModel& model);
+
+}  // namespace kit

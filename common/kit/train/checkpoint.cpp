@@ -1,0 +1,482 @@
+// kit/train/checkpoint.cpp — checkpoints, resume and stop requests (see checkpoint.h).
+#include "kit/train/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <vector>
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include "kit/train/checkpoint_hooks.h"
+#include "kit/compat.h"
+#include "kit/runtime/distributed.h"
+#include "kit/train/files.h"
+#include "kit/check/trace.h"
+
+namespace kit {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+constexpr const char* kMagic = "kit-checkpoint 1";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// FNV-1a: not cryptographic, just enough to notice a truncated or damaged file.
+std::string checksum(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%09ld", static_cast<long>(step));
+  return name;
+}
+
+// Complete checkpoints (final names, no .tmp), oldest first, as this rank's listing shows them
+// (a test's hook may change what it shows: kit/train/checkpoint_hooks.h).
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  if (auto& listed = testing::checkpoint_hooks().listed) listed(get_rank(), names);
+  return names;
+}
+
+// Folders of saves that never completed with a process group: "step-<n>.tmp".
+std::vector<std::string> leftover_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
+        names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+// A checkpoint folder with everything in it, zero/ (ZeRO's shards) included. A failure (a file
+// another process holds open on NFS, say) leaves it for the next save to try again: not a reason
+// to stop a training that has just saved.
+void remove_tree(const std::string& path) {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
+}
+
+// The files of a checkpoint folder under `sub` ("zero"), as "sub/name", sorted.
+std::vector<std::string> files_under(const std::string& dir, const std::string& sub) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(dir + "/" + sub, ec))
+    if (e.is_regular_file()) out.push_back(sub + "/" + e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ZeRO's shards are rank r's alone ("zero/shard-<r>-of-<N>.pt", kit/sharding/zero_checkpoint.h): a
+// rank reads and verifies only its own, not the N-fold data of all of them.
+bool shard_of_another_rank(const std::string& file, int rank) {
+  const std::string shards = "zero/shard-";
+  return file.rfind(shards, 0) == 0 && file.rfind(shards + std::to_string(rank) + "-of-", 0) != 0;
+}
+
+std::string rng_state_bytes() {
+  auto t = at::detail::getDefaultCPUGenerator().get_state();
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+}
+
+void set_rng_state_bytes(const std::string& bytes) {
+  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+// The CUDA generators of this process's GPUs (dropout on a GPU draws from them, not from the CPU
+// generator): "kit-cuda-rng 1 <n>\n", then per GPU "<bytes>\n" and the bytes. "" without GPUs.
+std::string cuda_rng_bytes() {
+  auto states = compat::cuda_rng_states();
+  if (states.empty()) return "";
+  std::string out = "kit-cuda-rng 1 " + std::to_string(states.size()) + "\n";
+  for (auto& st : states) out += std::to_string(st.size()) + "\n" + st;
+  return out;
+}
+
+// Reads cuda_rng_bytes() into `states`; the reason in words when they do not fit this process
+// (another number of GPUs), else "".
+std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states) {
+  std::istringstream in(bytes);
+  std::string magic;
+  int version = 0;
+  size_t n = 0;
+  if (!(in >> magic >> version >> n) || magic != "kit-cuda-rng" || version != 1 || in.get() != '\n')
+    return "its CUDA random state is damaged";
+  states.assign(n, "");
+  for (auto& st : states) {
+    size_t size = 0;
+    if (!(in >> size) || in.get() != '\n') return "its CUDA random state is damaged";
+    st.resize(size);
+    if (!in.read(st.data(), static_cast<std::streamsize>(size))) return "its CUDA random state is damaged";
+  }
+  const size_t here = compat::cuda_rng_states().size();  // this process's GPUs
+  if (states.size() != here)
+    return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
+           std::to_string(here) + " (a bit-exact resume needs the same GPUs)";
+  return "";
+}
+
+bool everyone() { return is_initialized() && get_world_size() > 1; }
+
+// Pairs (the model's tensor, the saved tensor), following Module::save's layout: a module's own
+// parameters and buffers by name, its children as sub-archives.
+void collect(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+             const std::string& prefix, std::vector<std::pair<torch::Tensor, torch::Tensor>>& out,
+             std::vector<std::string>& names) {
+  for (auto& p : module.named_parameters(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(p.key(), saved);
+    out.emplace_back(p.value(), saved);
+    names.push_back(prefix + p.key());
+  }
+  for (auto& b : module.named_buffers(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(b.key(), saved, /*is_buffer=*/true);
+    out.emplace_back(b.value(), saved);
+    names.push_back(prefix + b.key());
+  }
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive sub;
+    archive.read(child.key(), sub);
+    collect(*child.value(), sub, prefix + child.key() + ".", out, names);
+  }
+}
+
+// Copies the saved values INTO the model's existing tensors. Module::load would instead re-seat
+// each parameter (Tensor::set_), which gives it a new gradient accumulator: the hooks that
+// DistributedDataParallel put on the old ones would never fire again, and the ranks would
+// silently stop averaging gradients. Every shape is checked before the first value is copied.
+void load_values(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
+  std::vector<std::string> names;
+  collect(module, archive, "", pairs, names);
+  for (size_t i = 0; i < pairs.size(); ++i)
+    if (pairs[i].first.sizes() != pairs[i].second.sizes())
+      throw CheckpointError(names[i] + " has shape " + c10::str(pairs[i].second.sizes()) +
+                            " in the checkpoint but " + c10::str(pairs[i].first.sizes()) + " in the model");
+  torch::NoGradGuard no_grad;
+  for (auto& [mine, saved] : pairs) mine.copy_(saved);
+}
+
+}  // namespace
+
+namespace testing {
+CheckpointHooks& checkpoint_hooks() {
+  static CheckpointHooks hooks;
+  return hooks;
+}
+}  // namespace testing
+
+void TrainState::next_epoch() {
+  ++epoch;
+  step_in_epoch = 0;
+  epoch_loss_sum = torch::Tensor();
+}
+
+Checkpoints::Checkpoints(const std::string& out_dir, std::string fingerprint, int keep)
+    : dir_(out_dir + "/checkpoints"), fingerprint_(std::move(fingerprint)), keep_(std::max(1, keep)) {
+  ::mkdir(dir_.c_str(), 0755);
+  // Slurm sends SIGUSR1 (with --signal=B:USR1@T, forwarded by the job script) before the time
+  // limit, and SIGTERM when a job is cancelled or preempted. Either way: finish the step, save.
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+bool Checkpoints::stop_requested(TrainState& state) {
+  bool mine = g_stop_signal != 0;
+  // A test's stop after a given step, or its slower step (kit/train/checkpoint_hooks.h).
+  if (auto& after_step = testing::checkpoint_hooks().after_step; after_step && after_step(state.global_step))
+    mine = true;
+  if (everyone()) {
+    // Signals reach the ranks at slightly different moments: agree, so all stop after the same
+    // step. A host value: kit::control stages it through the rank's device (NCCL moves nothing
+    // else; a CPU tensor here stopped every GPU run at step 1).
+    auto flag = control::all_reduce(default_group(), torch::tensor({mine ? 1.0f : 0.0f}), ReduceOp::MAX);
+    mine = flag.item<float>() > 0;
+  }
+  state.stopped = state.stopped || mine;
+  return state.stopped;
+}
+
+void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                       TrainState& state) {
+  save(&model, &optimizer, nullptr, state);
+}
+
+void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state) {
+  save(nullptr, nullptr, &save_shard, state);
+}
+
+void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
+                       const ShardIO* save_shard, TrainState& state) {
+  const std::string name = step_name(state.global_step);
+  const std::string final_dir = dir_ + "/" + name;
+  // Without a process group (a single process) the temp name is per process, so that several
+  // independent processes writing into one folder cannot clash.
+  const std::string tmp = final_dir + ".tmp" + (everyone() ? "" : "." + std::to_string(getpid()));
+  const int rank = get_rank(), world = get_world_size();
+
+  if (rank == 0) {
+    remove_tree(tmp);
+    // A save that died half-way (a node failure) leaves a step-N.tmp folder that nothing loads,
+    // with a zero/ folder of shards under ZeRO: the line above removes this step's, whole (a
+    // non-empty one made the mkdir below fail). A stop's mid-epoch step is never saved again:
+    // remove every such leftover here (with a process group the run folder is this job's;
+    // single processes use per-pid names and leave the others' alone).
+    if (everyone())
+      for (const std::string& n : leftover_checkpoints(dir_)) remove_tree(dir_ + "/" + n);
+    if (::mkdir(tmp.c_str(), 0755) != 0)
+      throw std::runtime_error("checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
+  }
+  if (everyone()) barrier();
+
+  // Each rank: its own random-number state (dropout masks differ per rank).
+  write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
+  // ... and its GPUs' (a CUDA build with GPUs: rank 0 lists the file of every rank if it has one).
+  const std::string cuda_rng = cuda_rng_bytes();
+  if (!cuda_rng.empty())
+    write_atomically(tmp + "/cuda-rng-rank" + std::to_string(rank) + ".bin", cuda_rng, "checkpoint");
+  // Each rank's own loss sum of the epoch so far (the ranks see different batches), gathered into
+  // one vector: entry r is rank r's sum, exactly (the other ranks add zeros). Saving rank 0's sum
+  // for everybody made the resumed epoch's mean train loss differ from the uninterrupted run's.
+  torch::Tensor loss_sums = torch::zeros({world});
+  if (state.step_in_epoch > 0 && state.epoch_loss_sum.defined()) {  // the same on every rank
+    loss_sums = torch::zeros({world}, state.epoch_loss_sum.options());
+    loss_sums[rank] = state.epoch_loss_sum.detach();
+    if (everyone()) default_group().all_reduce(loss_sums, ReduceOp::SUM);
+    loss_sums = loss_sums.to(torch::kCPU);
+  }
+  if (save_shard) (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
+  if (rank == 0) {
+    torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
+    if (model) {
+      model->save(model_archive);
+      optimizer->save(optimizer_archive);
+      archive.write("model", model_archive);
+      archive.write("optimizer", optimizer_archive);
+    }
+    archive.write("epoch", torch::tensor(state.epoch, torch::kLong));
+    archive.write("step_in_epoch", torch::tensor(state.step_in_epoch, torch::kLong));
+    archive.write("global_step", torch::tensor(state.global_step, torch::kLong));
+    archive.write("best_val_loss", torch::tensor(state.best_val_loss, torch::kDouble));
+    archive.write("epoch_loss_sum", loss_sums);  // [world]: one per rank
+    write_atomically(tmp + "/state.pt", archive, "checkpoint");
+    // A test may crash rank 0 here, half-way through the save (kit/train/checkpoint_hooks.h).
+    if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
+  }
+  if (everyone()) barrier();
+
+  if (rank == 0) {
+    // The manifest is written last: its presence, checked sums and the rename make it complete.
+    std::ostringstream m;
+    m << kMagic << "\nconfig " << fingerprint_ << "\nworld_size " << world << "\n";
+    std::vector<std::string> files{"state.pt"};
+    for (int r = 0; r < world; ++r) files.push_back("rng-rank" + std::to_string(r) + ".bin");
+    if (!cuda_rng.empty())
+      for (int r = 0; r < world; ++r) files.push_back("cuda-rng-rank" + std::to_string(r) + ".bin");
+    // ZeRO: every rank's shard and zero/MANIFEST (complete: save_shard ended on a barrier). With
+    // their sums here, every rank can check its shard before a single collective of the resume.
+    for (auto& f : files_under(tmp, "zero")) files.push_back(f);
+    for (auto& f : files) {
+      std::string bytes = read_file(tmp + "/" + f);
+      m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
+    }
+    write_atomically(tmp + "/MANIFEST", m.str(), "checkpoint");
+    if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      // Another independent process (same folder, no process group) saved this step first.
+      remove_tree(tmp);
+    }
+    fsync_dir(dir_);
+    auto all = complete_checkpoints(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) remove_tree(dir_ + "/" + all[i]);
+  }
+  if (everyone()) barrier();
+  trace::record("checkpoint", name);
+  if (state.stopped)
+    print0("stopping after step %ld: checkpoint %s written; run the same command again to continue\n",
+           static_cast<long>(state.global_step), final_dir.c_str());
+}
+
+TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                               torch::Device device, bool require) {
+  return resume(&model, &optimizer, nullptr, device, require);
+}
+
+TrainState Checkpoints::resume_sharded(const ShardIO& load_shard, torch::Device device,
+                                       bool require) {
+  return resume(nullptr, nullptr, &load_shard, device, require);
+}
+
+TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
+                               const ShardIO* load_shard, torch::Device device, bool require) {
+  TrainState state;
+  // 0. Rank 0 chooses the checkpoint and tells the others (-1: none). Were each rank to list the
+  // folder itself, a shared file system that shows a new folder to some nodes later than to
+  // others would have the ranks load different checkpoints.
+  int64_t chosen = -1;
+  if (get_rank() == 0) {
+    auto all = complete_checkpoints(dir_);
+    if (!all.empty()) chosen = std::atoll(all.back().c_str() + 5);  // "step-<n>"
+  }
+  if (everyone())
+    chosen = control::broadcast(default_group(), torch::tensor({chosen}, torch::kLong), 0).item<int64_t>();
+  if (chosen < 0) {
+    if (require)
+      throw CheckpointError("--resume: no checkpoint in " + dir_ + " to continue from");
+    return state;
+  }
+  const std::string name = step_name(chosen), path = dir_ + "/" + name;
+  auto refuse = [&](const std::string& why) {
+    throw CheckpointError("checkpoint " + path + " " + why + "; nothing was loaded (move it away to start afresh)");
+  };
+
+  // 1. Verify everything before touching the model: the manifest, every file this rank will
+  // read (the shared ones, every rank's small RNG files, its own shard), the configuration.
+  // The first reason to refuse, "" if none; bad_file: its index in `listed` when a file is bad.
+  std::vector<std::string> listed, files;
+  std::string config;
+  int world = 0, bad_file = -1;
+  std::vector<std::string> cuda_states;
+  const std::string cuda_rng = "cuda-rng-rank" + std::to_string(get_rank()) + ".bin";
+  bool has_cuda_rng = false;
+  const std::string why = [&]() -> std::string {
+    std::istringstream manifest(read_file(path + "/MANIFEST"));
+    std::string line;
+    std::getline(manifest, line);
+    if (line != kMagic) return "has no valid MANIFEST (not a kit checkpoint, or damaged)";
+    std::string damaged;
+    while (std::getline(manifest, line)) {
+      std::istringstream words(line);
+      std::string key;
+      words >> key;
+      if (key == "config") std::getline(words >> std::ws, config);
+      else if (key == "world_size") words >> world;
+      else if (key == "file") {
+        std::string f, sum;
+        size_t size = 0;
+        words >> f >> size >> sum;
+        listed.push_back(f);
+        if (!damaged.empty() || shard_of_another_rank(f, get_rank())) continue;
+        std::string bytes = read_file(path + "/" + f);
+        if (bytes.size() != size)
+          damaged = "is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " + std::to_string(size) + " bytes";
+        else if (checksum(bytes) != sum)
+          damaged = "is damaged: " + f + " fails its checksum";
+        if (!damaged.empty()) bad_file = static_cast<int>(listed.size()) - 1;
+        else files.push_back(f);
+      }
+    }
+    if (!damaged.empty()) return damaged;
+    if (config != fingerprint_)
+      return "was written for another configuration (" + config + "), not this one (" + fingerprint_ + ")";
+    if (world != get_world_size())
+      return "was written by " + std::to_string(world) + " ranks; this run has " +
+             std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)";
+    // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
+    has_cuda_rng = std::find(files.begin(), files.end(), cuda_rng) != files.end();
+    if (has_cuda_rng) return parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states);
+    return "";
+  }();
+  // The ranks agree before any collective of the load (ZeRO's all-gather of the shards): a rank
+  // that refused alone would leave the others waiting in it until the timeout. Entry r: 0 when
+  // rank r found everything fine, 1 + the index of its bad file, or -1 for another reason.
+  if (everyone()) {
+    auto verdict = torch::zeros({get_world_size()}, torch::kLong);
+    verdict[get_rank()] = why.empty() ? 0 : bad_file >= 0 ? bad_file + 1 : -1;
+    verdict = control::all_reduce(default_group(), verdict, ReduceOp::SUM);
+    if (why.empty())
+      for (int r = 0; r < get_world_size(); ++r) {
+        const int64_t v = verdict[r].item<int64_t>();
+        if (v > 0 && v <= static_cast<int64_t>(listed.size()))
+          refuse("is damaged: " + listed[static_cast<size_t>(v - 1)] + " fails its check on rank " + std::to_string(r));
+        if (v != 0) refuse("was refused by rank " + std::to_string(r) + " (its line says why)");
+      }
+  }
+  if (!why.empty()) refuse(why);
+
+  // 2. Load: the shared state from state.pt, this rank's RNG from its own file.
+  try {
+    torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+    archive.load_from(path + "/state.pt", device);
+    // A checkpoint of the other form (DDP's for a ZeRO run, or back) has the wrong parts.
+    bool has_model = archive.try_read("model", model_archive);
+    if (has_model != (model != nullptr))
+      throw CheckpointError(has_model ? "it holds a whole model, not ZeRO shards"
+                                      : "it holds ZeRO shards, not a whole model");
+    if (model) archive.read("optimizer", optimizer_archive);
+    // A fresh tensor per entry: reading into a defined tensor copies into its dtype.
+    auto entry = [&](const char* key) {
+      torch::Tensor t;
+      archive.read(key, t);
+      return t;
+    };
+    state.epoch = entry("epoch").item<int64_t>();
+    state.step_in_epoch = entry("step_in_epoch").item<int64_t>();
+    state.global_step = entry("global_step").item<int64_t>();
+    state.best_val_loss = entry("best_val_loss").item<double>();
+    torch::Tensor t = entry("epoch_loss_sum");  // one entry per rank: this rank's own sum
+    if (t.dim() != 1 || t.size(0) != world)
+      throw CheckpointError("epoch_loss_sum has shape " + c10::str(t.sizes()) + ", not [" + std::to_string(world) + "]");
+    state.epoch_loss_sum = state.step_in_epoch > 0 ? t[get_rank()].clone().to(device) : torch::Tensor();
+    // Last: everything above is read and checked first.
+    if (model) {
+      load_values(*model, model_archive);
+      optimizer->load(optimizer_archive);
+    } else {
+      (*load_shard)(path + "/zero");
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    refuse("does not fit this model: " + what.substr(0, what.find('\n')));
+  }
+  set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
+  if (has_cuda_rng) compat::set_cuda_rng_states(cuda_states);
+  trace::record("resume", name);
+  print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
+         static_cast<long>(state.global_step));
+  return state;
+}
+
+}  // namespace kit
+
+kit::testing::CheckpointHooks* kit_testing_checkpoint_hooks() { return &kit::testing::checkpoint_hooks(); }

@@ -1,0 +1,111 @@
+// kit/train/checkpoint.h — TrainState and Checkpoints: save the whole training state, resume it bit
+// for bit, and stop cleanly when the scheduler says time is up.
+//
+//   kit::Checkpoints checkpoints(args.out_dir, fingerprint);     // finds earlier checkpoints
+//   kit::TrainState state = checkpoints.resume(model, optimizer);  // continue where it stopped
+//   ... after every optimizer step:
+//   if (checkpoints.stop_requested(state)) { checkpoints.save(model, optimizer, state); ... }
+//
+// Why: every cluster job has a time limit and nodes fail. A checkpoint holds the model, the
+// optimizer state, where training is (epoch, step in the epoch, the epoch's loss so far), the
+// best validation loss and every rank's random-number state, so a resumed run continues exactly
+// as if it had never stopped (same batches, same dropout masks, same losses).
+//
+// On disk: <out_dir>/checkpoints/step-<global step>/ with state.pt (rank 0), rng-rank<r>.bin
+// (each rank), under ZeRO zero/ with every rank's shard, and a MANIFEST with the size and
+// checksum of every one of these files. A folder becomes visible under its final name only when
+// complete (written as .tmp, flushed, renamed), so a crash mid-save leaves the previous checkpoint
+// as the newest (the next save removes the leftover .tmp, whole). The last `keep` checkpoints are
+// kept; older ones are removed with everything in them.
+//
+// Resume: rank 0 chooses the newest checkpoint and tells the others (a shared file system may
+// show a new folder to one node before another). Every rank verifies what it will read, and the
+// ranks agree that all is fine before anything is loaded: a damaged file, even another rank's
+// shard, is one line on every rank, never one rank waiting for the others until the timeout.
+// Tests reach in through kit/train/checkpoint_hooks.h; the training path reads no test variables.
+#pragma once
+
+#include <csignal>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+namespace kit {
+
+struct TrainState {
+  int64_t epoch = 0;           // the epoch in progress (0-based)
+  int64_t step_in_epoch = 0;   // optimizer steps already done in it
+  int64_t global_step = 0;     // optimizer steps since the start of training
+  double best_val_loss = std::numeric_limits<double>::infinity();
+  torch::Tensor epoch_loss_sum;  // sum of this epoch's step losses so far (for the epoch mean)
+  bool stopped = false;        // a stop was requested: save, then leave the training loop
+
+  void next_epoch();           // epoch + 1, step 0, loss sum 0
+};
+
+// Thrown for a checkpoint that cannot be used; what() is one line.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Checkpoints {
+ public:
+  // fingerprint: what must match for a checkpoint to be resumable (model sizes, batch size,
+  // data, seed...; see config_fingerprint in kit/train/args.h). Installs the SIGUSR1/SIGTERM
+  // handler.
+  Checkpoints(const std::string& out_dir, std::string fingerprint, int keep = 3);
+
+  // Loads the newest checkpoint, if there is one, into model and optimizer, and returns the
+  // state to continue from; a fresh TrainState otherwise. Everything is verified before anything
+  // is loaded: a damaged or foreign checkpoint is a CheckpointError, never a half-loaded model.
+  // require = true: no checkpoint is an error too (the --resume flag).
+  template <typename M>
+  TrainState resume(torch::nn::ModuleHolder<M>& model, torch::optim::Optimizer& optimizer,
+                    torch::Device device, bool require = false) {
+    return resume(*model, optimizer, device, require);
+  }
+  TrainState resume(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                    torch::Device device, bool require);
+
+  // Every rank calls it; rank 0 writes the model and optimizer, each rank its RNG state.
+  template <typename M>
+  void save(const torch::nn::ModuleHolder<M>& model, const torch::optim::Optimizer& optimizer,
+            TrainState& state) {
+    save(*model, optimizer, state);
+  }
+  void save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+            TrainState& state);
+
+  // True (and state.stopped set) on every rank once any rank got SIGUSR1 or SIGTERM (Slurm's
+  // warning before the time limit, or scancel): the ranks agree with a tiny all-reduce, so that
+  // all stop after the same step. (A test's after_step hook may request a stop too.)
+  bool stop_requested(TrainState& state);
+
+  // ZeRO (kit/sharding/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead
+  // of rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and
+  // reads it back with load_shard(<checkpoint>/zero). The rest (where training is, the RNG, the
+  // manifest with every shard's checksum, the same-number-of-ranks rule) is the same as above.
+  using ShardIO = std::function<void(const std::string& dir)>;
+  void save_sharded(const ShardIO& save_shard, TrainState& state);
+  TrainState resume_sharded(const ShardIO& load_shard, torch::Device device, bool require = false);
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  // The one save and the one resume behind both forms: model and optimizer (rank 0) or shards.
+  void save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
+            const ShardIO* save_shard, TrainState& state);
+  TrainState resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
+                    const ShardIO* load_shard, torch::Device device, bool require);
+
+  std::string dir_, fingerprint_;
+  int keep_;
+};
+
+}  // namespace kit

@@ -1,0 +1,77 @@
+// kit/train/files.cpp — atomic file writes (see files.h).
+#include "kit/train/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+
+namespace kit {
+namespace {
+
+using Sink = std::function<void(const void*, size_t)>;
+
+void write_with(const std::string& path, const char* what, const std::function<void(const Sink&)>& produce) {
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  auto fail = [&](int err) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error(std::string(what) + ": cannot write " + path + ": " + std::strerror(err));
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(errno);
+  // The first write error is remembered and reported after cleaning up, never thrown from inside
+  // the producer: LibTorch's archive writer, after a failed write, throws again from its
+  // destructor, which ends the process via std::terminate (seen with a full disk).
+  int write_error = 0;
+  Sink sink = [&](const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    for (size_t left = n; left > 0 && write_error == 0;) {
+      ssize_t done = ::write(fd, p, left);
+      if (done < 0 && errno == EINTR) continue;
+      if (done <= 0) write_error = done < 0 ? errno : EIO;
+      else p += done, left -= static_cast<size_t>(done);
+    }
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    ::close(fd);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  // fsync before rename: otherwise a node crash can leave the new name pointing at an empty file.
+  if (write_error == 0 && ::fsync(fd) != 0) write_error = errno;
+  if (::close(fd) != 0 && write_error == 0) write_error = errno;
+  if (write_error != 0) fail(write_error);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
+  fsync_dir(path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
+}
+
+}  // namespace
+
+void write_atomically(const std::string& path, const std::string& bytes, const char* what) {
+  write_with(path, what, [&](const Sink& sink) { sink(bytes.data(), bytes.size()); });
+}
+
+void write_atomically(const std::string& path, torch::serialize::OutputArchive& archive,
+                      const char* what) {
+  write_with(path, what, [&](const Sink& sink) {
+    archive.save_to([&](const void* data, size_t n) -> size_t {
+      sink(data, n);
+      return n;
+    });
+  });
+}
+
+void fsync_dir(const std::string& dir) {
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace kit

@@ -1,0 +1,122 @@
+// kit/train/memory.cpp — the counting CPU allocator (see memory.h).
+#include "kit/train/memory.h"
+
+#include <atomic>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include "kit/compat.h"  // KIT_ALLOCATE_CONST, KIT_ALLOCATOR_HAS_COPY_DATA (note 9)
+
+namespace kit::memory {
+
+// A count of live bytes and its peak. An Account's counter lives as long as the Account or the last
+// storage charged to it, whichever is later (`refs`): storage may outlive the thread that made it.
+struct Counter {
+  std::atomic<int64_t> live{0}, peak{0};
+  std::atomic<int64_t> refs{1};
+  void add(int64_t n) {
+    const int64_t now = live.fetch_add(n) + n;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void release() {
+    if (refs.fetch_sub(1) == 1) delete this;
+  }
+};
+
+namespace {
+
+Counter& process() {
+  static Counter* c = new Counter;  // never released: frees may come during static destruction
+  return *c;
+}
+thread_local Counter* t_scope = nullptr;
+
+// In front of each storage, 64 bytes (c10's alignment, so the data stays aligned) say how big it
+// is and which Account paid for it. The data pointer is its own context, as with LibTorch's own CPU
+// allocator, so code that asks for a "simple" data pointer (and raw_allocate) still works.
+constexpr size_t kHeader = 64;
+struct Header {
+  int64_t bytes;
+  Counter* scope;
+};
+static_assert(sizeof(Header) <= kHeader);
+
+void release(void* data) {
+  void* base = static_cast<char*>(data) - kHeader;
+  const Header h = *static_cast<Header*>(base);
+  process().add(-h.bytes);
+  if (h.scope) {
+    h.scope->add(-h.bytes);
+    h.scope->release();
+  }
+  c10::free_cpu(base);
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) KIT_ALLOCATE_CONST override {
+    void* base = c10::alloc_cpu(n + kHeader);
+    const auto bytes = static_cast<int64_t>(n);
+    Counter* scope = t_scope;
+    new (base) Header{bytes, scope};
+    if (scope) {
+      scope->refs.fetch_add(1);
+      scope->add(bytes);
+    }
+    process().add(bytes);
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+#if KIT_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+};
+
+CountingAllocator g_counting;
+std::once_flag g_once;
+
+Counter& current() {
+  install();
+  return t_scope ? *t_scope : process();
+}
+
+}  // namespace
+
+void install() {
+  std::call_once(g_once, [] {
+    // Above LibTorch's own (registered at priority 0), so that every CPU tensor comes here.
+    c10::SetCPUAllocator(&g_counting, /*priority=*/1);
+    if (c10::GetCPUAllocator() != &g_counting)
+      throw std::runtime_error("kit::memory: LibTorch kept another CPU allocator in front of the counting one");
+  });
+}
+
+bool installed() { return c10::GetCPUAllocator() == &g_counting; }
+
+int64_t live_bytes() { return current().live.load(); }
+int64_t peak_live_bytes() { return current().peak.load(); }
+void reset_peak() {
+  Counter& c = current();
+  c.peak.store(c.live.load());
+}
+
+Account::Account() : counter_(new Counter) { install(); }
+Account::~Account() { counter_->release(); }
+int64_t Account::live() const { return counter_->live.load(); }
+int64_t Account::peak() const { return counter_->peak.load(); }
+void Account::reset_peak() { counter_->peak.store(counter_->live.load()); }
+
+Account::Charge::Charge(Account& account) : outer_(t_scope) { t_scope = account.counter_; }
+Account::Charge::~Charge() { t_scope = outer_; }
+
+}  // namespace kit::memory

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""kit.layout_bite: common/tools/kit_layout.py check (kit.layout) fails when it should.
+
+On a copy of the checkout it requires that the copy passes as it is, and that `check` fails,
+naming the file and line, when
+  * an exercise includes a header by its old flat path (`#include "kit/ddp.h"`);
+  * a page or a rule names a source that way (`common/kit/zero.cpp`);
+  * a new folder has no line in the table, a header of a folder is not described, a source lies
+    outside the folders, or the table's "first included by" column is stale;
+and that `kit/compat.h`, which stays at the top, and a folder-qualified path pass.
+
+usage: test_kit_layout.py SOURCE_DIR WORK_DIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checkout import copy_checkout  # noqa: E402
+
+FAILED = []
+
+
+def expect(ok, what):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    if not ok:
+        FAILED.append(what)
+
+
+def check(root):
+    p = subprocess.run([sys.executable, os.path.join(root, "common/tools/kit_layout.py"), "check",
+                        root], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def with_edit(root, path, old, new, *wanted, why):
+    full = os.path.join(root, path)
+    text = open(full, encoding="utf-8").read()
+    if old not in text:
+        raise SystemExit(f"test_kit_layout.py: {path} no longer holds {old!r}: update this test")
+    open(full, "w", encoding="utf-8").write(text.replace(old, new, 1))
+    rc, out = check(root)
+    expect(rc == 1 and all(w in out for w in wanted), f"{why} (exit {rc}; wanted {wanted})")
+    if rc != 1 or not all(w in out for w in wanted):
+        print(out)
+    open(full, "w", encoding="utf-8").write(text)
+
+
+def main(src, work):
+    shutil.rmtree(work, ignore_errors=True)
+    copy_checkout(src, work, untracked=True)
+    rc, out = check(work)
+    expect(rc == 0, "the copy passes as it is")
+    if rc:
+        print(out)
+    ex = "exercises/01-transformer-lm-ddp/train.cpp"
+    with_edit(work, ex, '#include "kit/data/data_loader.h"', '#include "kit/data_loader.h"',
+              f"{ex}:16:", "names kit/data_loader.h",
+              why="an exercise's include of an old flat path fails, naming file and line")
+    with_edit(work, "sbatch/README.md", "\n", "\nsee common/kit/zero.cpp\n", "sbatch/README.md:2:",
+              why="a page naming common/kit/zero.cpp fails")
+    with_edit(work, "common/tools/rules/ex03.py", "\n", '\nWHERE = "kit/checkpoint.cpp"\n',
+              "common/tools/rules/ex03.py:2:", why="a rule naming kit/checkpoint.cpp fails")
+    rc, _ = check(work)
+    expect(rc == 0, "the copy passes again after each edit was undone")
+    # kit/compat.h and a folder path are fine: checked on their own
+    full = os.path.join(work, "sbatch/README.md")
+    text = open(full, encoding="utf-8").read()
+    open(full, "w", encoding="utf-8").write(text + "\nkit/compat.h, kit/sharding/zero.cpp\n")
+    rc, out = check(work)
+    expect(rc == 0, "kit/compat.h and a folder-qualified path pass")
+    open(full, "w", encoding="utf-8").write(text)
+
+    os.makedirs(os.path.join(work, "common/kit/tensor"))
+    open(os.path.join(work, "common/kit/tensor/layers.h"), "w").write("#pragma once\n")
+    rc, out = check(work)
+    expect(rc == 1 and "common/kit/tensor/: a folder with no line in FOLDERS" in out,
+           "a new folder without its line in the table fails")
+    shutil.rmtree(os.path.join(work, "common/kit/tensor"))
+    open(os.path.join(work, "common/kit/ddp/overlap.h"), "w").write("#pragma once\n")
+    rc, out = check(work)
+    expect(rc == 1 and "kit/ddp/overlap.h is not described" in out,
+           "a header that common/kit/README.md does not describe fails")
+    os.remove(os.path.join(work, "common/kit/ddp/overlap.h"))
+    open(os.path.join(work, "common/kit/loose.cpp"), "w").write("\n")
+    rc, out = check(work)
+    expect(rc == 1 and "common/kit/loose.cpp: a source outside the folders" in out,
+           "a source outside the folders fails")
+    os.remove(os.path.join(work, "common/kit/loose.cpp"))
+    sol = "solutions/00-collectives/collectives.cpp"
+    with_edit(work, sol, '#include "kit/train/args.h"', '#include "kit/runtime/env.h"',
+              "the folder table is not what kit_layout.py renders",
+              why="the table's 'first included by' column follows the solutions' includes")
+    shutil.rmtree(work, ignore_errors=True)
+    print("FAILED: " + "; ".join(FAILED) if FAILED else "OK")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
