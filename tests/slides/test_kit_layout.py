@@ -62,6 +62,9 @@ def main(src, work):
               why="a page naming common/kit/zero.cpp fails")
     with_edit(work, "common/tools/rules/ex03.py", "\n", '\nWHERE = "kit/checkpoint.cpp"\n',
               "common/tools/rules/ex03.py:2:", why="a rule naming kit/checkpoint.cpp fails")
+    with_edit(work, "common/tools/rules/ex00.py", "\n", "\nINCLUDED = r'#include \"kit/distributed\\.h\"'\n",
+              "common/tools/rules/ex00.py:2:", "names kit/distributed\\.h",
+              why="a rule's regular expression with the old path (escaped dot) fails")
     rc, _ = check(work)
     expect(rc == 0, "the copy passes again after each edit was undone")
     # kit/compat.h and a folder path are fine: checked on their own

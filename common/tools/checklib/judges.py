@@ -24,7 +24,7 @@ def reported(run, rank, rules):
 
 def check_setup(v, run, nodes, source, ranks):
     setups = {r: run.events(r, "setup") for r in range(ranks)}
-    included = source is not None and re.search(r'#\s*include\s+"kit/distributed\.h"',
+    included = source is not None and re.search(r'#\s*include\s+"kit/runtime/distributed\.h"',
                                                  read(source))
     called = all(setups[r] for r in range(ranks))
     if included or called:

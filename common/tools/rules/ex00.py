@@ -80,7 +80,7 @@ def stopped(run):
 
 
 def check_include(v, run, source, ranks):
-    included = source is not None and re.search(r'#\s*include\s+"kit/distributed\.h"',
+    included = source is not None and re.search(r'#\s*include\s+"kit/runtime/distributed\.h"',
                                                  read(source))
     joined = all(run.events(r, "setup") for r in range(ranks))
     v.add("include", bool(included or joined), "kit/runtime/distributed.h is included",
