@@ -6,14 +6,16 @@ event; only kit/check/ knows the run trace: its lines, its files, its KIT_TRACE_
 (common/kit/README.md, "check/"). Fault injection reaches the trainers only through
 kit/train/checkpoint_hooks.h, filled in by the preloaded common/testing/libkit_test_hooks.so.
 
-`check` reads the code (comments and string contents aside for the first three) of every .h and
-.cpp of common/kit/ and of common/launcher/, and fails, one line per finding with file:line, when
+`check` reads the code (comments aside; string contents too for the tracer's names) of every .h
+and .cpp of common/kit/, common/launcher/, solutions/ and exercises/ (the trainers), and fails,
+one line per finding with file:line, when
   * a file of common/kit/ outside check/ names the tracer (`trace::record`, `trace::enabled`,
     any `trace::`), or includes kit/check/trace.h or kit/check/model_trace.h;
   * a file of common/kit/ outside check/, or of common/launcher/, names a KIT_TRACE_* variable
     (in code or in a string: that is how getenv is called);
-  * any file of common/kit/ or common/launcher/ names a fault variable (KIT_TEST_*,
-    KIT_DIE_*) in code or in a string: a trainer would read it on every run.
+  * any of these files names a fault variable (KIT_TEST_*, KIT_DIE_*) in code or in a string:
+    a trainer would read it on every run. (common/testing/, the preloaded test library, is where
+    they are read.)
 
 Commands:
   trace_seam.py check [ROOT]   exit 1 on a finding
@@ -59,7 +61,7 @@ def sources(root, folder):
 
 def findings(root):
     found = []
-    for folder in ("common/kit", "common/launcher"):
+    for folder in ("common/kit", "common/launcher", "solutions", "exercises"):
         for rel, full in sources(root, folder):
             text = open(full, encoding="utf-8").read()
             code, with_strings = code_and_strings(text)

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """kit.trace_seam_bite: common/tools/trace_seam.py check (kit.trace_seam) fails when it should.
 
-On a copy of common/kit/ and common/launcher/ (all the check reads) it requires that the copy
+On a copy of common/kit/, common/launcher/, solutions/ and exercises/ (all the check reads) it
+requires that the copy
 passes as it is, and that `check` fails, naming the file and the line, when a library file
 outside kit/check/
   * calls trace::record() or guards a call with trace::enabled(), as ten files did before
     kit/check/observe.h;
   * includes kit/check/trace.h or kit/check/model_trace.h;
   * reads KIT_TRACE_WEIGHTS;
-and when a library file or the launcher reads a fault variable (KIT_TEST_STOP_AFTER_STEP,
-KIT_DIE_DURING_SAVE); while the same call inside kit/check/, and the words in a comment, pass.
+and when a library file, the launcher or a trainer reads a fault variable
+(KIT_TEST_STOP_AFTER_STEP, KIT_DIE_DURING_SAVE, KIT_TEST_STEP_DELAY_MS); while the same call inside kit/check/, and the words in a comment, pass.
 
 usage: test_trace_seam.py SOURCE_DIR WORK_DIR
 """
@@ -57,7 +58,7 @@ def with_line(root, tool, path, anchor, new, wanted, why):
 
 def main(src, work):
     shutil.rmtree(work, ignore_errors=True)
-    for folder in ("common/kit", "common/launcher"):
+    for folder in ("common/kit", "common/launcher", "solutions", "exercises"):
         shutil.copytree(os.path.join(src, folder), os.path.join(work, folder))
     tool = os.path.join(src, "common/tools/trace_seam.py")
     rc, out = check(work, tool)
@@ -90,6 +91,10 @@ def main(src, work):
               'static const char* die = std::getenv("KIT_DIE_DURING_SAVE");',
               "names the fault variable KIT_DIE_DURING_SAVE",
               why="a fault variable read in the launcher fails")
+    with_line(work, tool, "solutions/01-transformer-lm-ddp/train.annotated.cpp", "#include",
+              'static const char* delay = std::getenv("KIT_TEST_STEP_DELAY_MS");',
+              "names the fault variable KIT_TEST_STEP_DELAY_MS",
+              why="a fault variable read in a trainer's annotated source fails")
     # What is allowed: the tracer inside kit/check/, and the words in a comment.
     with_line(work, tool, "common/kit/check/observe.cpp", "void ddp_no_sync()",
               '  if (trace::enabled()) trace::record("ddp_no_sync", "");', None,

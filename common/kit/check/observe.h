@@ -7,7 +7,7 @@
 // line of the trace (kit/check/trace.h: the format the checker parses), the files beside it,
 // the model's fingerprints and every KIT_TRACE_* variable live in kit/check/ (observe.cpp,
 // model_trace.cpp, trace.cpp); the rest of the library makes one call per event and formats
-// nothing. tests/slides/test_trace_seam.py (kit.trace_seam) fails when a file of common/kit/
+// nothing. common/tools/trace_seam.py (ctest kit.trace_seam) fails when a file of common/kit/
 // outside check/ calls the tracer itself.
 //
 // Cost while tracing is off (KIT_TRACE_DIR unset, every training run): each function is an
