@@ -1,6 +1,8 @@
-// kit/check/model_trace.h — what a model tells the checker (kit/check/trace.h) about itself. Every
-// kit model (TransformerLM, ResNet) calls these two, so that `kit check` judges any exercise's
-// model alike.
+// kit/check/model_trace.h — what a model tells the checker (kit/check/trace.h) about itself: its
+// device, the fingerprint of its weights at each training forward, its buffers at an evaluation.
+// The models call them through kit/check/observe.h (observe::model_to(), training_forward(),
+// evaluation()), every kit model (TransformerLM, ResNet) alike, so that `kit check` judges any
+// exercise's model alike; only kit/check/ includes this header.
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,9 @@
 // exit. The checker compares these files across ranks, and with the solution's run event by
 // event (common/tools/checklib/compare.py); it judges behaviour, not source text. With KIT_TRACE_WEIGHTS=1 the model also saves the weights it starts training from
 // (tests/oracle compares the run with PyTorch).
+//
+// Only kit/check/ writes to it: the library reports its events through kit/check/observe.h,
+// which formats each as a line here.
 #pragma once
 
 #include <string>

@@ -21,10 +21,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size, bool shuffle, uint64
               "dataset: call setup() first, or pass num_replicas and rank");
   TORCH_CHECK(dataset_size_ > 0, "DistributedSampler: the dataset is empty");
   TORCH_CHECK(rank_ < replicas_, "DistributedSampler: rank ", rank_, " >= num_replicas ", replicas_);
-  trace::record("sampler", "size=" + std::to_string(dataset_size_) + " replicas=" +
-                               std::to_string(replicas_) + " rank=" + std::to_string(rank_) +
-                               " shuffle=" + std::to_string(shuffle_) +
-                               " seed=" + std::to_string(seed_));
+  observe::sampler(dataset_size_, replicas_, rank_, shuffle_, seed_);
 }
 
 std::vector<size_t> DistributedSampler::indices() const {

@@ -19,7 +19,7 @@
 #include <torch/types.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers (the background threads) and Batch
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"  // the checker's records of samplers and batches
 
 namespace kit {
 
@@ -39,7 +39,7 @@ class DistributedSampler {
   void set_epoch(int64_t epoch) {
     epoch_ = epoch;
     // The size tells the checker which sampler was told the epoch (train, or another one).
-    trace::record("set_epoch", std::to_string(epoch) + " size=" + std::to_string(dataset_size_));
+    observe::set_epoch(epoch, dataset_size_);
   }
 
   // This rank's sample indices for the current epoch. The list is padded (by repeating its
@@ -132,7 +132,7 @@ class DataLoader {
     Batch operator*() const {
       const size_t k = at_ / loader_->batch_size_;
       // The trace is written here, in the training thread, in training order, whoever made it.
-      loader_->trace_batch(*order_, at_);
+      observe::batch(*loader_->data_, *order_, at_, loader_->batch_size_);
       if (loader_->options_.workers == 0) return loader_->collate(*order_, at_);
       // The workers start at the first batch actually used (from() skips batches cheaply).
       if (!workers_) {
@@ -207,13 +207,6 @@ class DataLoader {
       targets.push_back(y);
     }
     return {torch::stack(inputs), torch::stack(targets)};
-  }
-  void trace_batch(const std::vector<size_t>& order, size_t at) const {
-    if (!trace::enabled()) return;
-    std::string used;
-    for (size_t k = at; k < std::min(order.size(), at + batch_size_); ++k)
-      used += (used.empty() ? "" : ",") + std::to_string(order[k]);
-    trace::record("batch", data_->name() + " " + used);
   }
 
   const Dataset* data_;

@@ -17,7 +17,7 @@
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
 #include "kit/ddp/param_claim.h"  // ParameterClaim: no ZeRO on the same model
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"
 
 namespace kit {
 namespace {
@@ -253,9 +253,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     stats.last_copy_seconds = copy_seconds;
     stats.last_reduce_bytes = bucket_bytes;
     copy_seconds = 0;
-    if (trace::enabled())
-      trace::record("ddp_step", "step=" + std::to_string(stats.steps) +
-                                    " wait_us=" + std::to_string(static_cast<int64_t>(waited * 1e6)));
+    observe::ddp_step(stats.steps, waited);
     if (options.overlap && !stats.rebuilt) rebuild_buckets();
     if (!unused.empty() && !options.find_unused_parameters) {
       std::string list;
@@ -274,7 +272,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     std::lock_guard<std::mutex> lock(mutex);
     if (options.broadcast_buffers && forward_sync && !buffers.empty()) {
       broadcast_from_rank0(*group, buffers);
-      if (trace::enabled()) trace::record("ddp_buffers", "count=" + std::to_string(buffers.size()));
+      observe::ddp_buffers(buffers.size());
     }
   }
   void after_forward() {
@@ -300,7 +298,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     make_buckets(assign_buckets(bytes, options.first_bucket_bytes, options.bucket_cap_bytes, agreed));
     stats.rebuilt = true;
     arrived.clear();
-    if (trace::enabled()) trace::record("ddp_rebuild", "buckets=" + std::to_string(buckets.size()));
+    observe::ddp_rebuild(buckets.size());
   }
 };
 
@@ -363,11 +361,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     r.hook_keys.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(reducer_, i)));
     r.accumulators.push_back(std::move(acc));
   }
-  if (trace::enabled())
-    trace::record("ddp", "params=" + std::to_string(r.params.size()) +
-                             " buckets=" + std::to_string(r.buckets.size()) +
-                             " overlap=" + std::to_string(options.overlap) +
-                             " device=" + r.params[0].device().str());
+  observe::ddp(r.params.size(), r.buckets.size(), options.overlap, r.params[0].device());
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -379,7 +373,7 @@ DistributedDataParallel::NoSync::NoSync(std::shared_ptr<Reducer> r) : reducer_(s
   std::lock_guard<std::mutex> lock(reducer_->mutex);
   reducer_->sync = false;
   // The checker tells "every backward ran inside no_sync()" from "DDP was a temporary" by this.
-  if (trace::enabled()) trace::record("ddp_no_sync", "");
+  observe::ddp_no_sync();
 }
 
 DistributedDataParallel::NoSync::~NoSync() {

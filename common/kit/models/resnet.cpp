@@ -3,7 +3,7 @@
 
 #include <torch/torch.h>
 
-#include "kit/check/model_trace.h"  // record_model_to(), record_training_forward(): for the checker
+#include "kit/check/observe.h"  // model_to(), training_forward(), evaluation(): for the checker
 
 namespace kit {
 
@@ -54,16 +54,16 @@ ResNetImpl::ResNetImpl(const ResNetOptions& o) : options_(o) {
 }
 
 void ResNetImpl::to(torch::Device device, bool non_blocking) {
-  trace::record_model_to(device);
+  observe::model_to(device);
   torch::nn::Module::to(device, non_blocking);
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& images) {
   if (is_training()) {
-    trace::record_training_forward(*this, ++training_forwards_);
+    observe::training_forward(*this, ++training_forwards_);
     evaluating_ = false;
   } else if (!evaluating_) {  // the first forward of an evaluation
-    trace::record_evaluation(*this);
+    observe::evaluation(*this);
     evaluating_ = true;
   }
   auto x = torch::relu(stem_bn_(stem_(images)));

@@ -53,7 +53,7 @@ class ResNetImpl : public torch::nn::Module {
   // images [batch, channels, 32, 32] (any size the three stages can halve twice) -> logits
   // [batch, classes].
   torch::Tensor forward(const torch::Tensor& images);
-  // As Module::to, and records the device asked for, for the checker (kit/check/model_trace.h).
+  // As Module::to, and records the device asked for, for the checker (kit/check/observe.h).
   using torch::nn::Module::to;
   void to(torch::Device device, bool non_blocking = false) override;
   const ResNetOptions& options() const { return options_; }

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "kit/check/model_trace.h"  // record_model_to(), record_training_forward(): for the checker
+#include "kit/check/observe.h"  // model_to(), training_forward(), evaluation(): for the checker
 
 namespace kit {
 namespace {
@@ -106,12 +106,12 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
 }
 
 void TransformerLMImpl::to(torch::Device device, bool non_blocking) {
-  trace::record_model_to(device);
+  observe::model_to(device);
   torch::nn::Module::to(device, non_blocking);
 }
 
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
-  if (is_training()) trace::record_training_forward(*this, ++training_forwards_);
+  if (is_training()) observe::training_forward(*this, ++training_forwards_);
   torch::Tensor x = tokens;
   for (auto& unit : units()) x = unit.run(x);
   return x;

@@ -62,7 +62,7 @@ class TransformerLMImpl : public torch::nn::Module {
     std::function<torch::Tensor(const torch::Tensor&)> run;
   };
   std::vector<Unit> units();
-  // As Module::to, and for the checker (trace.h) records the device the trainer asked for
+  // As Module::to, and for the checker (kit/check/observe.h) records the device the trainer asked for
   // ("model_to device=..."): on a CPU-only machine a wrongly numbered device (cpu:1 where setup()
   // gave cpu) leaves no other trace, because CPU tensors always report plain "cpu".
   using torch::nn::Module::to;

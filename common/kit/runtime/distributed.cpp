@@ -25,7 +25,7 @@
 #include "kit/runtime/device_check.h"
 #include "kit/runtime/env.h"
 #include "kit/train/files.h"
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>  // mallopt
@@ -226,10 +226,6 @@ void name_this_rank_on_abort(int rank) {
   std::signal(SIGABRT, on_abort);
 }
 
-void record_exit() {
-  trace::record("exit", std::string("group_alive=") + (g_group ? "1" : "0"));
-}
-
 }  // namespace
 
 Setup setup(uint64_t seed) {
@@ -332,15 +328,8 @@ Setup setup(uint64_t seed) {
   int threads = intra_op_threads(env);
   torch::set_num_threads(threads);
 
-  if (trace::enabled()) {
-    trace::record("setup", "rank=" + std::to_string(env.rank) + " local_rank=" +
-                               std::to_string(env.local_rank) + " world_size=" +
-                               std::to_string(env.world_size) + " device=" + rank_device.str() +
-                               " backend=" + backend + " timeout_s=" +
-                               std::to_string(timeout.count() / 1000) + " threads=" + std::to_string(threads) +
-                               " seed=" + std::to_string(seed));
-    std::atexit(record_exit);
-  }
+  observe::setup(env.rank, env.local_rank, env.world_size, rank_device, backend, timeout, threads,
+                 seed, is_initialized);
   return Setup{env.local_rank, env.rank, rank_device, env.world_size};
 }
 
@@ -355,8 +344,7 @@ bool g_destroyed = false;  // destroy_process_group() has run
 // arguments leave no room for one).
 [[noreturn]] void after_destroy(const char* what, const CallSite* site) {
   std::string where = site ? " (" + site->str() + ")" : "";
-  if (trace::enabled())
-    trace::record("after_destroy", std::string(what) + (site ? " site=" + site->str() : ""));
+  observe::after_destroy(what, site);
   throw CommError("rank " + std::to_string(g_rank) + ": " + what + where +
                   " after destroy_process_group(): the process group is closed. "
                   "destroy_process_group() must be the last kit call of the program");
@@ -379,21 +367,10 @@ ProcessGroup& group_for(const char* what, const CallSite& site) {
 
 void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
   ProcessGroup& g = group_for("all_reduce", site);
-  // Small tensors only (a loss, or an evaluation's [loss sum, token count]): the checker reads
-  // what went in and came out; the gradients' buckets would flood the trace.
-  auto values = [](const torch::Tensor& t) {
-    std::string out;
-    auto flat = t.detach().to(torch::kCPU, torch::kDouble).flatten();
-    for (int64_t i = 0; i < flat.numel(); ++i)
-      out += (i ? "," : "") + std::to_string(flat[i].item<double>());
-    return out;
-  };
-  std::string before = trace::enabled() && tensor.numel() >= 1 && tensor.numel() <= 4
-                           ? values(tensor) : "";
+  // The checker reads what went in and came out (small tensors: a loss, an evaluation's sums).
+  const observe::AllReduceInput before = observe::before_all_reduce(tensor);
   g.all_reduce(tensor, op, site);
-  if (!before.empty())
-    trace::record("all_reduce", "op=" + std::to_string(static_cast<int>(op)) + " in=" + before +
-                                    " out=" + values(tensor));
+  observe::all_reduce(before, op, tensor);
 }
 
 void broadcast(torch::Tensor& tensor, int root, CallSite site) {
@@ -418,11 +395,7 @@ void print0(const char* format, ...) {
   va_start(args, format);
   std::vsnprintf(buffer, sizeof buffer, format, args);
   va_end(args);
-  if (trace::enabled()) {
-    std::string line = buffer;
-    while (!line.empty() && line.back() == '\n') line.pop_back();
-    trace::record("print0", line);
-  }
+  observe::print0(buffer);
   if (get_rank() != 0) return;
   std::fputs(buffer, stdout);
   std::fflush(stdout);  // a job's output file should show progress as it happens
@@ -438,14 +411,14 @@ void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& 
   }
   // The call only: who really wrote the file is for the file system to say (the checker
   // watches the folder), not for this line.
-  trace::record("save0", path);
+  observe::save0(path);
   // Nobody reads the file before it is complete (e.g. to evaluate the best model).
   if (is_initialized() && get_world_size() > 1) g_group->barrier(site);
 }
 
 void destroy_process_group() {
   if (g_destroyed) after_destroy("a second destroy_process_group()", nullptr);
-  trace::record("destroy", "");
+  observe::destroy();
   // Objects that hold the group (a DistributedDataParallel) see it closed, not freed.
   if (g_group) g_group->shutdown();
   g_group.reset();

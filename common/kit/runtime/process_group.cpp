@@ -11,7 +11,7 @@
 
 #include "kit/compat.h"
 #include "kit/runtime/device_check.h"
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"
 
 namespace kit {
 
@@ -68,12 +68,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 std::string first_line(const std::string& what) {
   auto end = what.find('\n');
   return what.substr(0, end);
-}
-
-std::string shape_of(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
-  return s + "]";
 }
 
 // What a failed wait() most likely means, in words a student can act on.
@@ -185,11 +179,7 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
   const int64_t bytes = t.defined() ? t.numel() * t.element_size() : 0;
   stats_.calls[kind] += 1;
   stats_.bytes[kind] += bytes;
-  if (trace::enabled())
-    trace::record("coll", "seq=" + std::to_string(seq) + " kind=" + kind + " op=" + op +
-                              " shape=" + (t.defined() ? shape_of(t) : "-") + " dtype=" +
-                              (t.defined() ? std::string(c10::toString(t.scalar_type())) : "-") +
-                              " site=" + site.str());
+  observe::collective(seq, kind, op, t, site);
   if (impl_->debug) {
     const int64_t numel = t.defined() ? t.numel() : 0;
     const int64_t dtype = t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1;

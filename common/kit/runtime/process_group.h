@@ -7,7 +7,7 @@
 // which call the default group that setup() made; tests build several groups inside one process
 // (local_groups()).
 //
-// Every collective is traced (kit/check/trace.h) with its number in this group's sequence, its
+// Every collective is traced (kit/check/observe.h) with its number in this group's sequence, its
 // kind, its tensor's shape and dtype and the line of the trainer that called it, so that `kit
 // check` can compare the ranks' sequences when a run hangs: every rank must call every collective,
 // in the same order, with the same shapes.

@@ -22,7 +22,7 @@
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
 #include "kit/train/files.h"
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"
 
 namespace kit {
 namespace {
@@ -331,7 +331,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) remove_tree(dir_ + "/" + all[i]);
   }
   if (everyone()) barrier();
-  trace::record("checkpoint", name);
+  observe::checkpoint(name);
   if (state.stopped)
     print0("stopping after step %ld: checkpoint %s written; run the same command again to continue\n",
            static_cast<long>(state.global_step), final_dir.c_str());
@@ -471,7 +471,7 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
   }
   set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
   if (has_cuda_rng) compat::set_cuda_rng_states(cuda_states);
-  trace::record("resume", name);
+  observe::resume(name);
   print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
          static_cast<long>(state.global_step));
   return state;

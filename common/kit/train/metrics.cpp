@@ -19,7 +19,7 @@
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
 #include "kit/train/files.h"
-#include "kit/check/trace.h"
+#include "kit/check/observe.h"
 
 namespace kit {
 namespace {
@@ -222,13 +222,8 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epo
   double dt = std::chrono::duration<double>(now - last_step_).count();
   last_step_ = now;
   // Every rank's loss of every step, for the checker's step-by-step comparison with the
-  // solution's run. Only when tracing: item() waits for the GPU.
-  if (trace::enabled()) {
-    char fields[96];
-    std::snprintf(fields, sizeof fields, "epoch=%ld step=%ld loss=%.9g", static_cast<long>(epoch + 1),
-                  static_cast<long>(steps_), loss.item<double>());
-    trace::record("step", fields);
-  }
+  // solution's run (read only when tracing: item() waits for the GPU).
+  observe::step(epoch, steps_, loss);
   if (csv_ == nullptr) return;
   double elapsed = std::chrono::duration<double>(now - start_).count();
   int ranks = get_world_size();
@@ -277,10 +272,7 @@ void Metrics::end_epoch(int64_t epoch) {
     me.peak_mem_mib = peak_host_mib();
   }
   node_name(me.host, sizeof me.host);
-  trace::record("epoch_report", "epoch=" + std::to_string(epoch + 1) +
-                                    " steps=" + std::to_string(epoch_steps_) +
-                                    " samples_per_s=" + std::to_string(me.samples_per_s) +
-                                    " device=" + device_name(me) + " host=" + me.host);
+  observe::epoch_report(epoch, epoch_steps_, me.samples_per_s, device_name(me), me.host);
   epoch_steps_ = 0;
 
   // Everybody's figures to rank 0: one all_gather of the reports as bytes (control traffic:

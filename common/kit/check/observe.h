@@ -1,0 +1,193 @@
+// kit/check/observe.h — the one seam between the library and the checker: `observe::`, one
+// function per event the library reports (a collective, setup(), a step's loss, a sampler, a
+// batch, DDP's steps, print0/save0, a checkpoint, a model's forward, ...), each taking the
+// library's own values (numbers, names, tensors, a Module).
+//
+// Why one seam: the run trace is test instrumentation. Which events exist, how each becomes a
+// line of the trace (kit/check/trace.h: the format the checker parses), the files beside it,
+// the model's fingerprints and every KIT_TRACE_* variable live in kit/check/ (observe.cpp,
+// model_trace.cpp, trace.cpp); the rest of the library makes one call per event and formats
+// nothing. common/tools/trace_seam.py (ctest kit.trace_seam) fails when a file of common/kit/
+// outside check/ calls the tracer itself.
+//
+// Cost while tracing is off (KIT_TRACE_DIR unset, every training run): each function is an
+// inline test of a flag cached at the first call, then returns; nothing is formatted, no loss is
+// copied off the GPU. Arguments are taken as they are and read only when tracing is on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace kit {
+enum class ReduceOp;  // kit/runtime/process_group.h
+struct CallSite;      // kit/runtime/process_group.h
+}  // namespace kit
+
+namespace kit::observe {
+
+namespace detail {  // the out-of-line halves, in observe.cpp and model_trace.cpp
+bool tracing();
+void setup(int rank, int local_rank, int world_size, const torch::Device& device,
+           const std::string& backend, std::chrono::milliseconds timeout, int threads,
+           uint64_t seed, bool (*group_alive)());
+void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
+                const CallSite& site);
+std::string small_values(const torch::Tensor& t);
+void all_reduce(const std::string& before, ReduceOp op, const torch::Tensor& after);
+void after_destroy(const char* what, const CallSite* site);
+void print0(const char* text);
+void save0(const std::string& path);
+void destroy();
+void sampler(size_t dataset_size, int replicas, int rank, bool shuffle, uint64_t seed);
+void set_epoch(int64_t epoch, size_t dataset_size);
+void batch(const std::string& dataset, const std::vector<size_t>& order, size_t at,
+           size_t batch_size);
+void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& device);
+void ddp_step(int64_t step, double waited_s);
+void ddp_buffers(size_t count);
+void ddp_rebuild(size_t buckets);
+void ddp_no_sync();
+void step(int64_t epoch, int64_t step, const torch::Tensor& loss);
+void epoch_report(int64_t epoch, int64_t steps, double samples_per_s, const std::string& device,
+                  const char* host);
+void checkpoint(const std::string& name);
+void resume(const std::string& name);
+void model_to(const torch::Device& device);
+void training_forward(const torch::nn::Module& model, int64_t step);
+void evaluation(const torch::nn::Module& model);
+}  // namespace detail
+
+// Whether this process writes a trace (KIT_TRACE_DIR set). Decided once, at the first call
+// (which opens the trace): the environment of a running process does not switch it on or off.
+inline bool on() {
+  static const bool traced = detail::tracing();
+  return traced;
+}
+
+// --- runtime: the processes and their group (kit/runtime/) -------------------------------------
+
+// setup() is done. Also arranges, when tracing, that the process's exit records whether the
+// group was still alive then (group_alive(): a trainer that never called
+// destroy_process_group()).
+inline void setup(int rank, int local_rank, int world_size, const torch::Device& device,
+                  const std::string& backend, std::chrono::milliseconds timeout, int threads,
+                  uint64_t seed, bool (*group_alive)()) {
+  if (on())
+    detail::setup(rank, local_rank, world_size, device, backend, timeout, threads, seed,
+                  group_alive);
+}
+// A collective entered a group: its number in the group's sequence, kind ("all_reduce"), op
+// ("SUM", "-" for none), tensor (undefined: none, as a barrier's) and the line that called it.
+inline void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
+                       const CallSite& site) {
+  if (on()) detail::collective(seq, kind, op, t, site);
+}
+// kit::all_reduce's values, in and out: before_all_reduce() before the call, all_reduce() after
+// it. Small tensors only (1 to 4 values: a loss, an evaluation's [sum, count]), the gradients'
+// buckets would flood the trace; `before` is empty otherwise, and all_reduce() then records
+// nothing.
+struct AllReduceInput {
+  std::string values;
+};
+inline AllReduceInput before_all_reduce(const torch::Tensor& t) {
+  return on() ? AllReduceInput{detail::small_values(t)} : AllReduceInput{};
+}
+inline void all_reduce(const AllReduceInput& before, ReduceOp op, const torch::Tensor& after) {
+  if (!before.values.empty()) detail::all_reduce(before.values, op, after);
+}
+// A kit call after destroy_process_group() (site: nullptr where the call has none, print0).
+inline void after_destroy(const char* what, const CallSite* site) {
+  if (on()) detail::after_destroy(what, site);
+}
+// print0's text, on every rank (rank 0 alone prints it).
+inline void print0(const char* text) {
+  if (on()) detail::print0(text);
+}
+// A save0 call, on every rank (who wrote the file is for the file system to say).
+inline void save0(const std::string& path) {
+  if (on()) detail::save0(path);
+}
+inline void destroy() {
+  if (on()) detail::destroy();
+}
+
+// --- data: samplers and loaders (kit/data/) ----------------------------------------------------
+
+inline void sampler(size_t dataset_size, int replicas, int rank, bool shuffle, uint64_t seed) {
+  if (on()) detail::sampler(dataset_size, replicas, rank, shuffle, seed);
+}
+// The epoch as the trainer passed it; the size tells the checker which sampler it told.
+inline void set_epoch(int64_t epoch, size_t dataset_size) {
+  if (on()) detail::set_epoch(epoch, dataset_size);
+}
+// The batch that starts at `at` of `order`: the dataset's name() and the samples it reads.
+// Written by the training thread, in training order, whichever thread assembled it.
+template <typename Dataset>
+void batch(const Dataset& data, const std::vector<size_t>& order, size_t at, size_t batch_size) {
+  if (on()) detail::batch(data.name(), order, at, batch_size);
+}
+
+// --- ddp: DistributedDataParallel (kit/ddp/) ---------------------------------------------------
+
+inline void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& device) {
+  if (on()) detail::ddp(params, buckets, overlap, device);
+}
+// A backward's gradients are averaged: the reducer's step count, and how long the step waited
+// for the last bucket.
+inline void ddp_step(int64_t step, double waited_s) {
+  if (on()) detail::ddp_step(step, waited_s);
+}
+inline void ddp_buffers(size_t count) {  // rank 0's buffers broadcast before a forward
+  if (on()) detail::ddp_buffers(count);
+}
+inline void ddp_rebuild(size_t buckets) {  // the buckets rebuilt in arrival order
+  if (on()) detail::ddp_rebuild(buckets);
+}
+// A no_sync() scope opened: the checker tells "every backward ran inside no_sync()" from "DDP
+// was a temporary" by it.
+inline void ddp_no_sync() {
+  if (on()) detail::ddp_no_sync();
+}
+
+// --- train: metrics and checkpoints (kit/train/) -----------------------------------------------
+
+// A training step's loss on this rank. epoch: counted from 0, as the library does; step: the
+// run's step count. The loss is read (item(), which waits for the GPU) only when tracing.
+inline void step(int64_t epoch, int64_t step, const torch::Tensor& loss) {
+  if (on()) detail::step(epoch, step, loss);
+}
+// This rank's figures at an epoch's end (epoch counted from 0).
+inline void epoch_report(int64_t epoch, int64_t steps, double samples_per_s,
+                         const std::string& device, const char* host) {
+  if (on()) detail::epoch_report(epoch, steps, samples_per_s, device, host);
+}
+inline void checkpoint(const std::string& name) {  // a checkpoint written (its folder's name)
+  if (on()) detail::checkpoint(name);
+}
+inline void resume(const std::string& name) {  // a run resumed from this checkpoint
+  if (on()) detail::resume(name);
+}
+
+// --- models (kit/models/): every kit model makes these calls, so that the checker judges any
+// exercise's model alike (what each records: kit/check/model_trace.h) ----------------------------
+
+inline void model_to(const torch::Device& device) {  // Module::to, with the device asked for
+  if (on()) detail::model_to(device);
+}
+inline void training_forward(const torch::nn::Module& model, int64_t step) {
+  if (on()) detail::training_forward(model, step);
+}
+inline void evaluation(const torch::nn::Module& model) {  // an evaluation's first forward
+  if (on()) detail::evaluation(model);
+}
+
+}  // namespace kit::observe
