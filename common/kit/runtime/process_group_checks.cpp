@@ -31,11 +31,6 @@ torch::Device ProcessGroup::device() const {
   return torch::Device(torch::kCPU);
 }
 
-// KIT_DEBUG_COLLECTIVES=1 (what `kit check` runs with; PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL
-// does the same): before each collective, the ranks all-gather a short description of it (its
-// number, kind, reduction, element count, dtype and source line) and compare. A rank that calls a
-// different collective, or the same one with another shape, is named at once, instead of a hang
-// until the timeout or silently wrong numbers.
 namespace {
 // A tensor's shape as the trace writes it: "[4,128]".
 std::string shape_of(const torch::Tensor& t) {
@@ -44,6 +39,11 @@ std::string shape_of(const torch::Tensor& t) {
   return s + "]";
 }
 
+// KIT_DEBUG_COLLECTIVES=1 (what `kit check` runs with; PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL
+// does the same): before each collective, the ranks all-gather a short description of it (its
+// number, kind, reduction, element count, dtype and source line) and compare. A rank that calls a
+// different collective, or the same one with another shape, is named at once, instead of a hang
+// until the timeout or silently wrong numbers.
 constexpr int64_t kFields = 6;
 const char* kKinds[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
 int64_t kind_id(const char* kind) {
