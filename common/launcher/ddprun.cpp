@@ -7,7 +7,8 @@
 // a collective (all_reduce, barrier) waiting for a peer that will never answer.
 //
 // It deliberately uses nothing but C++17 and POSIX/Linux calls (no LibTorch), so it builds in
-// about a second. Launcher::run() below is the whole job in order; each step is a file:
+// about two seconds on one core. Launcher::run() below is the whole job in order; each step is a
+// file:
 //
 //   1. command_line.cpp  parse the command line and refuse bad input up front (exit 2, one
 //                        line, never a hang); find the program;
