@@ -232,7 +232,7 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
 
 namespace kit {
 class ProcessGroup;
-// Wraps a c10d backend ("gloo" or "nccl") built on `store` (defined in process_group.cpp).
+// Wraps a c10d backend ("gloo" or "nccl") built on `store` (defined in process_group_make.cpp).
 std::shared_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size, const std::string& backend,
                                                  std::chrono::milliseconds timeout);

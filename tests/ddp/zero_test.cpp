@@ -753,6 +753,28 @@ TEST(ZeroLayout, BucketsInGradientOrderSplitOverTheRanks) {
   EXPECT_TRUE(torch::equal(torch::cat(one.own_pieces(all)), all));
 }
 
+// ShardLayout and BucketLayout flatten alike (one function serves both): an undefined tensor and
+// the padding are zeros, the flat tensor takes the dtype of the first defined one, and a list of
+// the wrong length is one line naming the layout.
+TEST(ZeroLayout, BothLayoutsFlattenAlike) {
+  std::vector<torch::Tensor> ps{torch::zeros({2, 2}), torch::zeros({3})};
+  const std::vector<torch::Tensor> values{torch::Tensor(), torch::tensor({1.0, 2.0, 3.0}, torch::kDouble)};
+  kit::ShardLayout shard(ps, 2, 0);
+  kit::BucketLayout buckets(ps, 2, 0, 100);  // one bucket of both: p1 first, then p0
+  auto s = shard.flatten(values), b = buckets.flatten(values);
+  EXPECT_EQ(s.scalar_type(), torch::kDouble);
+  EXPECT_EQ(b.scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::equal(s, torch::tensor({0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0}, torch::kDouble))) << s;
+  EXPECT_TRUE(torch::equal(b, torch::tensor({1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0}, torch::kDouble))) << b;
+  EXPECT_TRUE(torch::equal(shard.part(s, 1), values[1]));
+  EXPECT_TRUE(torch::equal(buckets.part(b, 1), values[1]));
+  EXPECT_EQ(buckets.part(b, 0).sizes(), torch::IntArrayRef({2, 2}));
+  EXPECT_EQ(error_of([&] { shard.flatten({values[1]}); }), "ShardLayout::flatten: 1 tensors for a layout of 2");
+  EXPECT_EQ(error_of([&] { buckets.flatten({values[1]}); }), "BucketLayout::flatten: 1 tensors for a layout of 2");
+  // No tensor defined: zeros of the default dtype.
+  EXPECT_TRUE(torch::equal(buckets.flatten({torch::Tensor(), torch::Tensor()}), torch::zeros({8})));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sharded checkpoints
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -292,6 +293,50 @@ TEST(CollectivesFailure, DebugModeNamesRanksThatDisagree) {
     EXPECT_NE(errors[r].find("rank 1 called barrier #2"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("same order"), std::string::npos) << errors[r];
   }
+}
+
+// reduce_scatter and its scratch form (what ZeRO-2 uses on Gloo) refuse the same wrong arguments
+// with the same line, naming the call, and before the call is numbered: a refused call leaves the
+// ranks' sequences in step.
+TEST(CollectivesFailure, ReduceScatterRefusesWrongSizesAndDtypesInBothForms) {
+  on_ranks(2, [](kit::ProcessGroup& g) {
+    auto refusal = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const kit::CommError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    auto out = torch::zeros({3});
+    auto five = torch::zeros({5});               // not 2 x 3 elements
+    auto doubles = torch::zeros({6}, torch::kDouble);  // the right size, another dtype
+    auto wrong_size = [](int line) {  // the one line both forms give, for the call on `line`
+      return "reduce_scatter (unit_test.cpp:" + std::to_string(line) +
+             "): the input must hold world size (2) x the output's 3 elements of the same dtype, "
+             "it holds 5";
+    };
+    const auto sum = kit::ReduceOp::SUM;
+    // One call a line, outside gtest's macros (a call inside one gets the macro's last line).
+    const int line = __LINE__ + 1;
+    const std::string plain = refusal([&] { g.reduce_scatter(out, five, sum); });
+    const std::string scratch = refusal([&] { g.reduce_scatter_scratch_async(out, five, sum).wait(); });
+    EXPECT_EQ(plain, wrong_size(line));
+    EXPECT_EQ(scratch, wrong_size(line + 1));
+    for (const auto& what : {refusal([&] { g.reduce_scatter(out, doubles, kit::ReduceOp::SUM); }),
+                             refusal([&] {
+                               g.reduce_scatter_scratch_async(out, doubles, kit::ReduceOp::SUM).wait();
+                             })})
+      EXPECT_NE(what.find("elements of the same dtype, it holds 6"), std::string::npos) << what;
+    EXPECT_EQ(g.collectives(), 0) << "a refused call was numbered";
+    // The arguments put right, both forms run (1 + 2 in every element).
+    g.reduce_scatter(out, torch::full({6}, float(g.rank() + 1)), kit::ReduceOp::SUM);
+    EXPECT_TRUE(torch::equal(out, torch::full({3}, 3.0f))) << out;
+    out.zero_();
+    g.reduce_scatter_scratch_async(out, torch::full({6}, float(g.rank() + 1)), kit::ReduceOp::SUM).wait();
+    EXPECT_TRUE(torch::equal(out, torch::full({3}, 3.0f))) << out;
+    EXPECT_EQ(g.collectives(), 2);
+  });
 }
 
 // A collective that one rank never joins must end in a CommError after the group's timeout,

@@ -9,6 +9,38 @@
 
 namespace kit {
 
+// What ShardLayout and BucketLayout share. Both keep each parameter as one contiguous run of the
+// flat vector, at its offset, and differ only in where those offsets are and how much padding
+// there is; so a parameter's part and the flattening need nothing else of a layout.
+namespace {
+
+// The `shape`d part of `flat` that starts at `offset` (a view, no copy).
+torch::Tensor part_at(const torch::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return flat.narrow(0, offset, n).view(shape);
+}
+
+// `tensors` (one per parameter, in the layout's order; undefined = zeros) at their parts of a new
+// flat tensor of layout.padded() zeros, in the options of the first defined one. `who` names the
+// caller in the error of a wrong count.
+template <typename Layout>
+torch::Tensor flatten_into_layout(const Layout& layout, const char* who,
+                                  const std::vector<torch::Tensor>& tensors) {
+  if (tensors.size() != layout.count())
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(tensors.size()) +
+                                " tensors for a layout of " + std::to_string(layout.count()));
+  torch::Tensor like;
+  for (const auto& t : tensors)
+    if (t.defined()) { like = t; break; }
+  auto flat = torch::zeros({layout.padded()}, like.defined() ? like.options() : torch::TensorOptions());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].defined()) layout.part(flat, i).copy_(tensors[i]);
+  return flat;
+}
+
+}  // namespace
+
 int check_zero_stage(int stage) {
   if (stage < 0 || stage > 3)
     throw std::invalid_argument("ZeRO stage " + std::to_string(stage) +
@@ -30,22 +62,11 @@ ShardLayout::ShardLayout(const std::vector<torch::Tensor>& params, int world, in
 }
 
 torch::Tensor ShardLayout::flatten(const std::vector<torch::Tensor>& tensors) const {
-  if (tensors.size() != shapes_.size())
-    throw std::invalid_argument("ShardLayout::flatten: " + std::to_string(tensors.size()) +
-                                " tensors for a layout of " + std::to_string(shapes_.size()));
-  torch::Tensor like;
-  for (const auto& t : tensors)
-    if (t.defined()) { like = t; break; }
-  auto flat = torch::zeros({padded()}, like.defined() ? like.options() : torch::TensorOptions());
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i].defined()) part(flat, i).copy_(tensors[i]);
-  return flat;
+  return flatten_into_layout(*this, "ShardLayout::flatten", tensors);
 }
 
 torch::Tensor ShardLayout::part(const torch::Tensor& flat, size_t i) const {
-  int64_t n = 1;
-  for (int64_t d : shapes_[i]) n *= d;
-  return flat.narrow(0, offsets_[i], n).view(shapes_[i]);
+  return part_at(flat, offsets_[i], shapes_[i]);
 }
 
 BucketLayout::BucketLayout(const std::vector<torch::Tensor>& params, int world, int rank, int64_t cap)
@@ -87,22 +108,11 @@ BucketLayout::BucketLayout(const std::vector<torch::Tensor>& params, int world, 
 }
 
 torch::Tensor BucketLayout::flatten(const std::vector<torch::Tensor>& tensors) const {
-  if (tensors.size() != shapes_.size())
-    throw std::invalid_argument("BucketLayout::flatten: " + std::to_string(tensors.size()) +
-                                " tensors for a layout of " + std::to_string(shapes_.size()));
-  torch::Tensor like;
-  for (const auto& t : tensors)
-    if (t.defined()) { like = t; break; }
-  auto flat = torch::zeros({padded()}, like.defined() ? like.options() : torch::TensorOptions());
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i].defined()) part(flat, i).copy_(tensors[i]);
-  return flat;
+  return flatten_into_layout(*this, "BucketLayout::flatten", tensors);
 }
 
 torch::Tensor BucketLayout::part(const torch::Tensor& flat, size_t i) const {
-  int64_t n = 1;
-  for (int64_t d : shapes_[i]) n *= d;
-  return flat.narrow(0, offsets_[i], n).view(shapes_[i]);
+  return part_at(flat, offsets_[i], shapes_[i]);
 }
 
 torch::Tensor BucketLayout::bucket(const torch::Tensor& flat, size_t b) const {
@@ -114,9 +124,7 @@ torch::Tensor BucketLayout::own(const torch::Tensor& flat, size_t b) const {
 }
 
 torch::Tensor BucketLayout::part_of_bucket(const torch::Tensor& bucket, size_t i) const {
-  int64_t n = 1;
-  for (int64_t d : shapes_[i]) n *= d;
-  return bucket.narrow(0, offsets_[i] - buckets_[bucket_of_[i]].begin, n).view(shapes_[i]);
+  return part_at(bucket, offsets_[i] - buckets_[bucket_of_[i]].begin, shapes_[i]);
 }
 
 std::vector<torch::Tensor> BucketLayout::own_pieces(const torch::Tensor& flat) const {

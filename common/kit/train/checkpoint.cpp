@@ -1,23 +1,27 @@
-// kit/train/checkpoint.cpp — checkpoints, resume and stop requests (see checkpoint.h).
+// kit/train/checkpoint.cpp — when and how a training saves, resumes and stops (see checkpoint.h):
+// the stop signals and the ranks' agreement to stop, the order of a save (temporary folder, every
+// rank's files, the MANIFEST last, the rename, the old ones removed), and the resume (rank 0
+// chooses, every rank verifies, all agree, then load).
+//
+// The files themselves (names, MANIFEST, checksums, RNG bytes) are checkpoint_format.cpp: apart
+// so that this file reads as the protocol between the ranks, and the format as what is on disk.
 #include "kit/train/checkpoint.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <mutex>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <cstring>
 #include <sstream>
-#include <system_error>
 #include <vector>
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include "kit/train/checkpoint_format.h"
 #include "kit/train/checkpoint_hooks.h"
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
@@ -25,178 +29,16 @@
 #include "kit/check/observe.h"
 
 namespace kit {
+
+using namespace checkpoint_format;
+
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-constexpr const char* kMagic = "kit-checkpoint 1";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// FNV-1a: not cryptographic, just enough to notice a truncated or damaged file.
-std::string checksum(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
-
-std::string step_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%09ld", static_cast<long>(step));
-  return name;
-}
-
-// Complete checkpoints (final names, no .tmp), oldest first, as this rank's listing shows them
-// (a test's hook may change what it shows: kit/train/checkpoint_hooks.h).
-std::vector<std::string> complete_checkpoints(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  if (auto& listed = testing::checkpoint_hooks().listed) listed(get_rank(), names);
-  return names;
-}
-
-// Folders of saves that never completed with a process group: "step-<n>.tmp".
-std::vector<std::string> leftover_checkpoints(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
-        names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return names;
-}
-
-// A checkpoint folder with everything in it, zero/ (ZeRO's shards) included. A failure (a file
-// another process holds open on NFS, say) leaves it for the next save to try again: not a reason
-// to stop a training that has just saved.
-void remove_tree(const std::string& path) {
-  std::error_code ignored;
-  std::filesystem::remove_all(path, ignored);
-}
-
-// The files of a checkpoint folder under `sub` ("zero"), as "sub/name", sorted.
-std::vector<std::string> files_under(const std::string& dir, const std::string& sub) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (auto& e : std::filesystem::directory_iterator(dir + "/" + sub, ec))
-    if (e.is_regular_file()) out.push_back(sub + "/" + e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// ZeRO's shards are rank r's alone ("zero/shard-<r>-of-<N>.pt", kit/sharding/zero_checkpoint.h): a
-// rank reads and verifies only its own, not the N-fold data of all of them.
-bool shard_of_another_rank(const std::string& file, int rank) {
-  const std::string shards = "zero/shard-";
-  return file.rfind(shards, 0) == 0 && file.rfind(shards + std::to_string(rank) + "-of-", 0) != 0;
-}
-
-std::string rng_state_bytes() {
-  auto t = at::detail::getDefaultCPUGenerator().get_state();
-  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
-}
-
-void set_rng_state_bytes(const std::string& bytes) {
-  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(t);
-}
-
-// The CUDA generators of this process's GPUs (dropout on a GPU draws from them, not from the CPU
-// generator): "kit-cuda-rng 1 <n>\n", then per GPU "<bytes>\n" and the bytes. "" without GPUs.
-std::string cuda_rng_bytes() {
-  auto states = compat::cuda_rng_states();
-  if (states.empty()) return "";
-  std::string out = "kit-cuda-rng 1 " + std::to_string(states.size()) + "\n";
-  for (auto& st : states) out += std::to_string(st.size()) + "\n" + st;
-  return out;
-}
-
-// Reads cuda_rng_bytes() into `states`; the reason in words when they do not fit this process
-// (another number of GPUs), else "".
-std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states) {
-  std::istringstream in(bytes);
-  std::string magic;
-  int version = 0;
-  size_t n = 0;
-  if (!(in >> magic >> version >> n) || magic != "kit-cuda-rng" || version != 1 || in.get() != '\n')
-    return "its CUDA random state is damaged";
-  states.assign(n, "");
-  for (auto& st : states) {
-    size_t size = 0;
-    if (!(in >> size) || in.get() != '\n') return "its CUDA random state is damaged";
-    st.resize(size);
-    if (!in.read(st.data(), static_cast<std::streamsize>(size))) return "its CUDA random state is damaged";
-  }
-  const size_t here = compat::cuda_rng_states().size();  // this process's GPUs
-  if (states.size() != here)
-    return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
-           std::to_string(here) + " (a bit-exact resume needs the same GPUs)";
-  return "";
-}
-
 bool everyone() { return is_initialized() && get_world_size() > 1; }
-
-// Pairs (the model's tensor, the saved tensor), following Module::save's layout: a module's own
-// parameters and buffers by name, its children as sub-archives.
-void collect(torch::nn::Module& module, torch::serialize::InputArchive& archive,
-             const std::string& prefix, std::vector<std::pair<torch::Tensor, torch::Tensor>>& out,
-             std::vector<std::string>& names) {
-  for (auto& p : module.named_parameters(/*recurse=*/false)) {
-    torch::Tensor saved;
-    archive.read(p.key(), saved);
-    out.emplace_back(p.value(), saved);
-    names.push_back(prefix + p.key());
-  }
-  for (auto& b : module.named_buffers(/*recurse=*/false)) {
-    torch::Tensor saved;
-    archive.read(b.key(), saved, /*is_buffer=*/true);
-    out.emplace_back(b.value(), saved);
-    names.push_back(prefix + b.key());
-  }
-  for (auto& child : module.named_children()) {
-    torch::serialize::InputArchive sub;
-    archive.read(child.key(), sub);
-    collect(*child.value(), sub, prefix + child.key() + ".", out, names);
-  }
-}
-
-// Copies the saved values INTO the model's existing tensors. Module::load would instead re-seat
-// each parameter (Tensor::set_), which gives it a new gradient accumulator: the hooks that
-// DistributedDataParallel put on the old ones would never fire again, and the ranks would
-// silently stop averaging gradients. Every shape is checked before the first value is copied.
-void load_values(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
-  std::vector<std::string> names;
-  collect(module, archive, "", pairs, names);
-  for (size_t i = 0; i < pairs.size(); ++i)
-    if (pairs[i].first.sizes() != pairs[i].second.sizes())
-      throw CheckpointError(names[i] + " has shape " + c10::str(pairs[i].second.sizes()) +
-                            " in the checkpoint but " + c10::str(pairs[i].first.sizes()) + " in the model");
-  torch::NoGradGuard no_grad;
-  for (auto& [mine, saved] : pairs) mine.copy_(saved);
-}
 
 }  // namespace
 
@@ -308,20 +150,8 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
 
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
-    std::ostringstream m;
-    m << kMagic << "\nconfig " << fingerprint_ << "\nworld_size " << world << "\n";
-    std::vector<std::string> files{"state.pt"};
-    for (int r = 0; r < world; ++r) files.push_back("rng-rank" + std::to_string(r) + ".bin");
-    if (!cuda_rng.empty())
-      for (int r = 0; r < world; ++r) files.push_back("cuda-rng-rank" + std::to_string(r) + ".bin");
-    // ZeRO: every rank's shard and zero/MANIFEST (complete: save_shard ended on a barrier). With
-    // their sums here, every rank can check its shard before a single collective of the resume.
-    for (auto& f : files_under(tmp, "zero")) files.push_back(f);
-    for (auto& f : files) {
-      std::string bytes = read_file(tmp + "/" + f);
-      m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
-    }
-    write_atomically(tmp + "/MANIFEST", m.str(), "checkpoint");
+    write_atomically(tmp + "/MANIFEST", manifest_text(tmp, fingerprint_, world, !cuda_rng.empty()),
+                     "checkpoint");
     if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
       // Another independent process (same folder, no process group) saved this step first.
       remove_tree(tmp);
@@ -372,48 +202,22 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
 
   // 1. Verify everything before touching the model: the manifest, every file this rank will
   // read (the shared ones, every rank's small RNG files, its own shard), the configuration.
-  // The first reason to refuse, "" if none; bad_file: its index in `listed` when a file is bad.
-  std::vector<std::string> listed, files;
-  std::string config;
-  int world = 0, bad_file = -1;
+  // The first reason to refuse, "" if none (manifest.bad_file: which file, when one is bad).
+  Manifest manifest;
   std::vector<std::string> cuda_states;
   const std::string cuda_rng = "cuda-rng-rank" + std::to_string(get_rank()) + ".bin";
   bool has_cuda_rng = false;
   const std::string why = [&]() -> std::string {
-    std::istringstream manifest(read_file(path + "/MANIFEST"));
-    std::string line;
-    std::getline(manifest, line);
-    if (line != kMagic) return "has no valid MANIFEST (not a kit checkpoint, or damaged)";
-    std::string damaged;
-    while (std::getline(manifest, line)) {
-      std::istringstream words(line);
-      std::string key;
-      words >> key;
-      if (key == "config") std::getline(words >> std::ws, config);
-      else if (key == "world_size") words >> world;
-      else if (key == "file") {
-        std::string f, sum;
-        size_t size = 0;
-        words >> f >> size >> sum;
-        listed.push_back(f);
-        if (!damaged.empty() || shard_of_another_rank(f, get_rank())) continue;
-        std::string bytes = read_file(path + "/" + f);
-        if (bytes.size() != size)
-          damaged = "is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " + std::to_string(size) + " bytes";
-        else if (checksum(bytes) != sum)
-          damaged = "is damaged: " + f + " fails its checksum";
-        if (!damaged.empty()) bad_file = static_cast<int>(listed.size()) - 1;
-        else files.push_back(f);
-      }
-    }
-    if (!damaged.empty()) return damaged;
-    if (config != fingerprint_)
-      return "was written for another configuration (" + config + "), not this one (" + fingerprint_ + ")";
-    if (world != get_world_size())
-      return "was written by " + std::to_string(world) + " ranks; this run has " +
+    manifest = verify_manifest(path, get_rank());
+    if (!manifest.problem.empty()) return manifest.problem;
+    if (manifest.config != fingerprint_)
+      return "was written for another configuration (" + manifest.config + "), not this one (" + fingerprint_ + ")";
+    if (manifest.world != get_world_size())
+      return "was written by " + std::to_string(manifest.world) + " ranks; this run has " +
              std::to_string(get_world_size()) + " (a bit-exact resume needs the same number)";
     // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
-    has_cuda_rng = std::find(files.begin(), files.end(), cuda_rng) != files.end();
+    const auto& ok = manifest.verified;
+    has_cuda_rng = std::find(ok.begin(), ok.end(), cuda_rng) != ok.end();
     if (has_cuda_rng) return parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states);
     return "";
   }();
@@ -422,13 +226,13 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
   // rank r found everything fine, 1 + the index of its bad file, or -1 for another reason.
   if (everyone()) {
     auto verdict = torch::zeros({get_world_size()}, torch::kLong);
-    verdict[get_rank()] = why.empty() ? 0 : bad_file >= 0 ? bad_file + 1 : -1;
+    verdict[get_rank()] = why.empty() ? 0 : manifest.bad_file >= 0 ? manifest.bad_file + 1 : -1;
     verdict = control::all_reduce(default_group(), verdict, ReduceOp::SUM);
     if (why.empty())
       for (int r = 0; r < get_world_size(); ++r) {
         const int64_t v = verdict[r].item<int64_t>();
-        if (v > 0 && v <= static_cast<int64_t>(listed.size()))
-          refuse("is damaged: " + listed[static_cast<size_t>(v - 1)] + " fails its check on rank " + std::to_string(r));
+        if (v > 0 && v <= static_cast<int64_t>(manifest.listed.size()))
+          refuse("is damaged: " + manifest.listed[static_cast<size_t>(v - 1)] + " fails its check on rank " + std::to_string(r));
         if (v != 0) refuse("was refused by rank " + std::to_string(r) + " (its line says why)");
       }
   }
@@ -455,8 +259,9 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     state.global_step = entry("global_step").item<int64_t>();
     state.best_val_loss = entry("best_val_loss").item<double>();
     torch::Tensor t = entry("epoch_loss_sum");  // one entry per rank: this rank's own sum
-    if (t.dim() != 1 || t.size(0) != world)
-      throw CheckpointError("epoch_loss_sum has shape " + c10::str(t.sizes()) + ", not [" + std::to_string(world) + "]");
+    if (t.dim() != 1 || t.size(0) != manifest.world)
+      throw CheckpointError("epoch_loss_sum has shape " + c10::str(t.sizes()) + ", not [" +
+                            std::to_string(manifest.world) + "]");
     state.epoch_loss_sum = state.step_in_epoch > 0 ? t[get_rank()].clone().to(device) : torch::Tensor();
     // Last: everything above is read and checked first.
     if (model) {

@@ -2,7 +2,7 @@
 reported, a hang) and where, placed in the student's file and in its TODO.
 
 The place is taken from evidence the run left, never guessed: the call site the kit's own error
-names ("broadcast #1 (collectives.cpp:48)", common/kit/runtime/process_group.cpp), else the last
+names ("broadcast #1 (collectives.cpp:48)", common/kit/runtime/process_group_checks.cpp), else the last
 collective the rank entered (the run trace's "coll ... site=file:line"). A site in a kit file
 that the rules map to a concept (ddp.cpp: DDP's TODO) names that TODO. The line of the
 student's file is placed in its TODO through the annotated source (every line of the exercise

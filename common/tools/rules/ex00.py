@@ -11,7 +11,7 @@ Rank r of N starts from mine = (r + 1) x [1..n] and prints one line per result,
   reduce_scatter  (r + 1) x N(N+1)/2 x [1..n]     (chunk c of every rank is (c + 1) x mine)
 
 and after the barrier every rank has seen the marks of all N ranks. A right number is not
-enough: the rank's run trace must also show the collective (common/kit/runtime/process_group.cpp traces
+enough: the rank's run trace must also show the collective (common/kit/runtime/process_group_checks.cpp traces
 each one it enters), so a result computed by hand does not pass."""
 import math
 import re

@@ -1,0 +1,54 @@
+// kit/runtime/process_group_impl.h — internal to kit/runtime/process_group*.cpp; nothing else includes it.
+//
+// What the parts of ProcessGroup share: the state behind Work and ProcessGroup (their Impl
+// structs), and the two helpers that turn a c10d error into one line. ProcessGroup is defined in
+// three files, each one concern:
+//   process_group.cpp         the collectives: each one's argument checks and its c10d call, and
+//                             Work::wait() with its error in words;
+//   process_group_checks.cpp  what every collective passes through first: its number, trace and
+//                             byte count, NCCL's device rule, KIT_DEBUG_COLLECTIVES's comparison;
+//   process_group_make.cpp    making a group over Gloo or NCCL with its timeout, and shutting it down.
+// kit::control, which uses only the public face, is in control.cpp.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kit/compat.h"
+#include "kit/runtime/process_group.h"
+
+namespace kit {
+
+struct Work::Impl {
+  compat::WorkPtr work;
+  std::vector<torch::Tensor> tensors;
+  torch::Tensor flat;    // defined: `tensors` travel packed in this one buffer (see all_reduce_async)
+  torch::Tensor gathered, gather_into;  // all_gather through a list: copy the list into the output
+  std::vector<torch::Tensor> gather_list;
+  // For the error message: which call this is.
+  std::string what;      // "all_reduce #3 (train.cpp:56)"
+  int rank = 0;
+  int64_t timeout_s = 0;
+};
+
+struct ProcessGroup::Impl {
+  compat::BackendPtr backend;
+  c10::intrusive_ptr<c10d::Store> store;  // kept alive as long as the group
+  std::chrono::milliseconds timeout{0};
+  bool alive = true;
+  bool debug = false;  // KIT_DEBUG_COLLECTIVES=1: compare every call across ranks first
+  bool fake_device = false;  // KIT_DEVICE_CHECK=nccl: tensors live on fakegpu, Gloo gets aliases
+  std::mutex mutex;    // DDP's hooks start collectives from autograd's threads
+};
+
+namespace detail {
+// c10d errors are long, multi-line and full of source paths; keep the first line.
+std::string first_line(const std::string& what);
+// What a failed collective most likely means, in words a student can act on (process_group.cpp).
+std::string explain(const std::string& error, const Work::Impl& w);
+}  // namespace detail
+
+}  // namespace kit

@@ -1,0 +1,69 @@
+// kit/train/checkpoint_format.h — internal to kit/train/checkpoint*.cpp; nothing else includes it.
+//
+// A checkpoint on disk, apart from when and why one is written or read (checkpoint.cpp: the
+// policy of saving, choosing, resuming and stopping): the names of its folders, its MANIFEST
+// with every file's size and checksum, the bytes of the random-number states, and the copy of
+// saved values into a model. The layout itself is described in kit/train/checkpoint.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/serialize/input-archive.h>
+
+namespace kit::checkpoint_format {
+
+// --- Folders: <out_dir>/checkpoints/step-<n>/, written as step-<n>.tmp[.<pid>] ---
+
+std::string step_name(int64_t step);  // "step-000000042"
+// Complete checkpoints (final names, no .tmp), oldest first, as this rank's listing shows them
+// (a test's hook may change what it shows: kit/train/checkpoint_hooks.h).
+std::vector<std::string> complete_checkpoints(const std::string& dir);
+// Folders of saves that never completed with a process group: "step-<n>.tmp".
+std::vector<std::string> leftover_checkpoints(const std::string& dir);
+// A checkpoint folder with everything in it; a failure leaves it for the next save.
+void remove_tree(const std::string& path);
+
+// --- Files and the MANIFEST ---
+
+std::string read_file(const std::string& path);  // "" when it cannot be read
+// The MANIFEST of the checkpoint folder `dir` (written last, once every file is complete): its
+// magic line, the configuration's fingerprint, the number of ranks, and "file <name> <bytes>
+// <checksum>" for state.pt, every rank's RNG files (its CUDA ones if `cuda_rng`) and everything
+// under zero/ (ZeRO's shards and their own manifest).
+std::string manifest_text(const std::string& dir, const std::string& fingerprint, int world,
+                          bool cuda_rng);
+
+// A checkpoint's MANIFEST as rank `rank` reads it: every file it lists, and those of them this
+// rank reads (not another rank's ZeRO shard) checked against their size and checksum.
+struct Manifest {
+  std::string problem;              // "" or why it is unusable: "has no valid MANIFEST (...)",
+                                    // "is damaged: <file> ..." (the first damaged file)
+  std::string config;               // the fingerprint it was written for
+  int world = 0;                    // the number of ranks that wrote it
+  std::vector<std::string> listed;  // every file it lists, in its order
+  std::vector<std::string> verified;  // those this rank checked and found intact
+  int bad_file = -1;                // the damaged file's index in `listed`, or -1
+};
+Manifest verify_manifest(const std::string& checkpoint_dir, int rank);
+
+// --- Random-number states: restored as saved, so a resumed run draws the same numbers ---
+
+std::string rng_state_bytes();  // the CPU generator's state
+void set_rng_state_bytes(const std::string& bytes);
+// The CUDA generators of this process's GPUs (dropout on a GPU draws from them, not from the CPU
+// generator): "kit-cuda-rng 1 <n>\n", then per GPU "<bytes>\n" and the bytes. "" without GPUs.
+std::string cuda_rng_bytes();
+// Reads cuda_rng_bytes() into `states`; the reason in words when they do not fit this process
+// (another number of GPUs), else "".
+std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states);
+
+// --- The model ---
+
+// Copies the saved values of `archive` INTO the model's existing tensors (not Module::load: see
+// checkpoint_format.cpp). Every shape is checked first: a mismatch is a CheckpointError naming it.
+void load_values(torch::nn::Module& module, torch::serialize::InputArchive& archive);
+
+}  // namespace kit::checkpoint_format
