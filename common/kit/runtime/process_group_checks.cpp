@@ -1,8 +1,8 @@
 // kit/runtime/process_group_checks.cpp — what every collective of ProcessGroup passes through
-// before the backend sees its tensors (see process_group.h): enter() numbers the call, reports it
-// to the checker (kit/check/observe.h), counts its bytes, refuses a closed group and, under KIT_DEBUG_COLLECTIVES=1,
-// compares the call across ranks; wire() holds NCCL's device rule for every tensor; device() is
-// the rank's device that rule means.
+// before the backend sees its tensors (see process_group.h): enter() numbers the call, reports
+// it to the checker (kit/check/observe.h), counts its bytes, refuses a closed group and, under
+// KIT_DEBUG_COLLECTIVES=1, compares the call across ranks; wire() holds NCCL's device rule for
+// every tensor; device() is the rank's device that rule means.
 //
 // Apart from the collectives (process_group.cpp) because none of this depends on which
 // collective runs: it is the one gate, so a rule added here holds for every call at once.
