@@ -243,8 +243,32 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
   save(&model, &optimizer, nullptr, state);
 }
 
-void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state) {
-  save(nullptr, nullptr, &save_shard, state);
+// An error of a sharded save or resume, ended with the trainer's line that called it: the one
+// line a rank dies with then names the student's call (kit check places it in its TODO), not a
+// line of this file or of zero_checkpoint.cpp. A CheckpointError stays one; any other error (a
+// collective's CommError) becomes a runtime_error with the same text.
+namespace {
+[[noreturn]] void rethrow_at(const CallSite& caller) {
+  auto at = [&](const char* what) {
+    const std::string s = what;
+    return s.substr(0, s.find('\n')) + " (" + caller.str() + ")";
+  };
+  try {
+    throw;
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(at(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(at(e.what()));
+  }
+}
+}  // namespace
+
+void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state, CallSite caller) {
+  try {
+    save(nullptr, nullptr, &save_shard, state);
+  } catch (...) {
+    rethrow_at(caller);
+  }
 }
 
 void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
@@ -305,6 +329,18 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
   if (everyone()) barrier();
+  // Every rank's shard must be in zero/ now (save_shard ended on a barrier, and so did the line
+  // above): a function that wrote elsewhere, or nothing, would leave a checkpoint that resumes
+  // nothing. Every rank looks at every shard, so all refuse together and none waits alone.
+  if (save_shard) {
+    std::string missing;
+    for (int r = 0; r < world; ++r)
+      if (!std::filesystem::exists(tmp + "/zero/shard-" + std::to_string(r) + "-of-" + std::to_string(world) + ".pt"))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (!missing.empty())
+      throw CheckpointError("checkpoint " + name + ": the ZeRO save wrote no shard of rank(s) " + missing + " into " +
+                            tmp + "/zero (save_sharded's function must write this rank's shard into the folder it is given)");
+  }
 
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
@@ -343,8 +379,12 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
 }
 
 TrainState Checkpoints::resume_sharded(const ShardIO& load_shard, torch::Device device,
-                                       bool require) {
-  return resume(nullptr, nullptr, &load_shard, device, require);
+                                       bool require, CallSite caller) {
+  try {
+    return resume(nullptr, nullptr, &load_shard, device, require);
+  } catch (...) {
+    rethrow_at(caller);
+  }
 }
 
 TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
