@@ -111,6 +111,31 @@ def test_kit_file_and_destroy():
            f"a call after destroy_process_group() points at the destroy TODO ({stop.where})")
 
 
+def test_library_error_at_caller():
+    # A kit error that names its own line and then the trainer's that called it (Checkpoints::
+    # save_sharded appends its CallSite): placed at the trainer's line, in its TODO, not in the kit.
+    ex = "03-transformer-lm-zero"
+    text = open(os.path.join(ROOT, "solutions", ex, "train.cpp")).read()
+    path = os.path.join(tempfile.mkdtemp(prefix="kit-test-stops-"), "train.cpp")
+    with open(path, "w") as f:
+        f.write(text)
+    n = line_of(text, "checkpoints.save_sharded(save_shard, s);")
+    run = FakeRun(1, logs={1: f"rank 1: error: barrier #3 (zero_checkpoint.cpp:48) timed out after "
+                           f"30 s (train.cpp:{n})\n"})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.todo == "5" and f"line {n} of train.cpp" in stop.where,
+           f"a library error is placed at its caller's line, TODO 5 ({stop.todo}, {stop.where})")
+    # The rank whose collective failed because the other left is not the one to explain.
+    run = FakeRun(1, logs={0: "rank 0: error: rank 0: barrier #86 (checkpoint.cpp:369) failed: "
+                           "another rank left the job (it died, or it finished without calling "
+                           f"this collective) (train.cpp:{n})\n",
+                           1: f"rank 1: error: checkpoint step-6: the ZeRO save wrote no shard of "
+                           f"rank(s) 0, 1 (train.cpp:{n})\n"})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.rank == 1 and "wrote no shard" in stop.how,
+           f"the rank that left is explained, not the one it left waiting ({stop.how})")
+
+
 def test_presentation():
     v = Verdicts({"ddp": "7", "no_sync": "15", "lr": "14"})
     v.add("lr", False, "the learning rate", "not judged: the ranks differ", cause="ddp")
@@ -153,6 +178,7 @@ def main():
     test_generated_data()
     test_site_in_todo()
     test_kit_file_and_destroy()
+    test_library_error_at_caller()
     test_presentation()
     print(f"{len(FAILED)} failed" if FAILED else "all passed")
     return 1 if FAILED else 0

@@ -310,7 +310,19 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (everyone()) default_group().all_reduce(loss_sums, ReduceOp::SUM);
     loss_sums = loss_sums.to(torch::kCPU);
   }
-  if (save_shard) (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
+  if (save_shard) {
+    (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
+    // Every rank's shard must be in zero/ now: a function that wrote elsewhere, or nothing,
+    // would leave a checkpoint that resumes nothing. Every rank looks at every shard, so all
+    // refuse together, and before the barrier below, after which rank 0 renames the folder.
+    std::string missing;
+    for (int r = 0; r < world; ++r)
+      if (!std::filesystem::exists(tmp + "/zero/shard-" + std::to_string(r) + "-of-" + std::to_string(world) + ".pt"))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (!missing.empty())
+      throw CheckpointError("checkpoint " + name + ": the ZeRO save wrote no shard of rank(s) " + missing + " into " +
+                            tmp + "/zero (save_sharded's function must write this rank's shard into the folder it is given)");
+  }
   if (rank == 0) {
     torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
     if (model) {
@@ -329,19 +341,6 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
   if (everyone()) barrier();
-  // Every rank's shard must be in zero/ now (save_shard ended on a barrier, and so did the line
-  // above): a function that wrote elsewhere, or nothing, would leave a checkpoint that resumes
-  // nothing. Every rank looks at every shard, so all refuse together and none waits alone.
-  if (save_shard) {
-    std::string missing;
-    for (int r = 0; r < world; ++r)
-      if (!std::filesystem::exists(tmp + "/zero/shard-" + std::to_string(r) + "-of-" + std::to_string(world) + ".pt"))
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    if (!missing.empty())
-      throw CheckpointError("checkpoint " + name + ": the ZeRO save wrote no shard of rank(s) " + missing + " into " +
-                            tmp + "/zero (save_sharded's function must write this rank's shard into the folder it is given)");
-  }
-
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
     std::ostringstream m;
