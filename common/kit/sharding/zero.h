@@ -81,7 +81,7 @@ struct ZeroOptions {
   // Where these options were written (the trainer's line, filled in by the aggregate
   // initialisation `kit::ZeroOptions{...}` itself): an error of the stage ends with it, so that
   // kit check blames that line, not zero.cpp. Never set by hand.
-  CallSite site;
+  CallSite site = {};
 };
 
 class ZeroOptimizer {

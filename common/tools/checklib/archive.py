@@ -13,9 +13,10 @@ import pickle
 import sys
 import zipfile
 
-# A storage's type name (as the pickle names it) -> the array module's type code and its size.
-TYPES = {"FloatStorage": ("f", 4), "DoubleStorage": ("d", 8), "IntStorage": ("i", 4),
-         "LongStorage": ("q", 8)}
+# A storage's type, as the pickle names it less its "Storage" ending -> the array module's type
+# code and its size.
+TYPES = {"Float": ("f", 4), "Double": ("d", 8), "Int": ("i", 4), "Long": ("q", 8)}
+STORAGE = "Storage"
 
 
 class Tensor:
@@ -49,8 +50,8 @@ class _Reader(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return self.rebuild
-        if module == "torch" and name in TYPES:
-            return name
+        if module == "torch" and name.endswith(STORAGE):
+            return name[:-len(STORAGE)]
         return _Object
 
     def persistent_load(self, pid):
@@ -61,7 +62,7 @@ class _Reader(pickle.Unpickler):
         kind, key = storage
         code, width = TYPES.get(kind, (None, 0))
         if code is None:
-            raise ValueError(f"a tensor of {kind}, which the check does not read")
+            raise ValueError(f"a tensor of {kind} {STORAGE.lower()}, which the check does not read")
         values = array.array(code)
         values.frombytes(self.storages(key))
         if sys.byteorder != "little":

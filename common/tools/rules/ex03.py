@@ -1,9 +1,13 @@
 """Exercise 03 (exercise 01's trainer, then ZeRO-1, 2, 3): which runs, which TODO is which, and
 the formula.
 
-The engine runs the trainer with --zero-stage 0 (DDP: alone, on N ranks, and the solution as the
-reference). judge() then runs it once more on N ranks for each ZeRO stage, and once stopped and
-resumed, and the solution once on N ranks for each ZeRO stage (the peaks' reference). Rank 0
+The engine runs the trainer with --zero-stage 0 (DDP: alone, on N ranks, with one rank per
+node, and the solution as the reference) and, for each ZeRO stage, with the other --lr and
+--clip-grad of FLAG_RUNS. judge() compares the student's DDP run with the solution's first (where
+it differs, the ZeRO stages are compared with the student's DDP run, and the closing row names
+the line), then runs the build on N ranks at each ZeRO stage, and at each stage once stopped
+after STOP_AFTER steps and run again, and the solution the same way (the peaks' and the
+checkpoints' reference). Rank 0
 prints "parameters P in units u1 u2 ... on N ranks", the epoch and test losses as exercise 01
 does, and every rank "rank R: NAME holds params P grads G optimizer O gathered X bytes, peak Y"
 (Y: the most bytes of live tensors the rank had during a training step, kit/train/memory.h). A stage
@@ -20,8 +24,11 @@ passes when
     than half a full copy of the weights (PEAK_MARGIN): what a rank holds between steps can be
     the formula's while a full copy of something (the weights, the gradients) lives during the
     step, which only the peak shows.
-The formula is computed here from the unit sizes, not read from the program."""
-import json
+The formula is computed here from the unit sizes, not read from the program. TODO 5 passes
+when, at every stage with DDP's losses, the stopped run's newest checkpoint holds the solution's
+shards (checklib/archive.py reads them) and the second run resumes from it to DDP's losses. A run
+that stops in a line of another TODO (a library error ends with the trainer's calling line) is
+that TODO's ✘; the stage it stopped is "not reached" past the losses it printed."""
 import math
 import os
 import re
@@ -47,8 +54,8 @@ NODES_FLAGS = SHORT_FLAGS + ["--zero-stage", "0"]
 # runs the student's build and the solution's with each): a hard-coded rate, or options without
 # .max_grad_norm, pass the default run and not this one. AdamW's step hardly depends on the
 # gradient's scale (m / sqrt(v)), so an ordinary norm (0.05) moved the printed losses by 1-2e-5,
-# within LOSS_TOL (measured, ZeRO-1 without .max_grad_norm); clipped to 1e-6, each of the 59309
-# gradients is about 4e-9, below AdamW's eps (1e-8), and the step shrinks to about a third.
+# within LOSS_TOL (measured, ZeRO-1 without .max_grad_norm); clipped to 1e-6, the 59309
+# gradients' root mean square is 4e-9, below AdamW's eps (1e-8), so the steps shrink.
 FLAG_VALUES = ["--lr", "0.003", "--clip-grad", "1e-6"]
 FLAG_RUNS = {f"flags{stage}": SHORT_FLAGS + FLAG_VALUES + ["--zero-stage", str(stage)]
              for stage in (1, 2, 3)}
@@ -285,17 +292,18 @@ def shards_wrong(stage, mine, theirs, ranks):
     return ""
 
 
-def judge_resume(check, stage, first, theirs, baseline, whose):
-    """Why the run at `stage`, stopped after STOP_AFTER steps (`first`), does not hold the
-    solution's shards or does not resume from them to the uninterrupted losses, or "". Returns
-    (why, the resumed run or None); a stop of the first run is judged by the caller."""
+def judge_resume(check, stage, first, theirs):
+    """Why the run at `stage`, stopped after STOP_AFTER steps (`first`), has not saved every
+    rank's shard, or not the shards of `theirs` (the solution's stopped run; None: not compared),
+    or "", and the second run that resumes from them (None when there is none). A stop of the
+    first run is judged by the caller."""
     ranks = check.ranks
     newest = last_checkpoint(first)
     shards = [f"shard-{r}-of-{ranks}.pt" for r in range(ranks)]
     if newest is None or not all(os.path.isfile(os.path.join(newest, "zero", s)) for s in shards):
         return (f"no checkpoint with every rank's shard ({', '.join(shards)}) in "
                 f"{first.out_dir}/checkpoints/step-*/zero after the stop"), None
-    why = shards_wrong(stage, first, theirs, ranks)
+    why = shards_wrong(stage, first, theirs, ranks) if theirs is not None else ""
     if why:
         return why, None
     # The second run writes into the first's out-dir (the later --out-dir wins).
@@ -304,7 +312,10 @@ def judge_resume(check, stage, first, theirs, baseline, whose):
     return "", again
 
 
-def resumed_wrong(name, again, baseline, whose):
+def resumed_wrong(check, name, again, baseline, whose):
+    if again.failure():
+        s = explain(check, again)
+        return f"the second run stopped: {s.how}" + (f" ({s.where})" if s.where else "")
     why = losses_wrong(name, again, baseline, resumed=True, whose=whose)
     if not why and not re.search(r"^resuming from .* step %d\s*$" % STOP_AFTER,
                                  again.logs.get(0, ""), re.M):
@@ -392,7 +403,7 @@ def judge(check):
         done = {k: f.result() for k, f in done.items()}
     solution, solution_stopped = done["solution"]
     stopped_at = {}  # TODO label of a stop -> (how, where), said once, first among its rows
-    working, saved = [], (None, "")
+    working, passed, saved = [], [], (None, "")
     for stage, concept in STAGES.items():
         name, run = f"ZeRO-{stage}", done[stage]
         what = f"{name} on {ranks} ranks: {whose}'s losses, the formula's bytes, the solution's peak"
@@ -415,24 +426,28 @@ def judge(check):
             working.append(stage)
         held_why = bytes_wrong(name, run, ranks, units)
         why = why or held_why or peak_wrong(name, run, solution[stage], ranks, units) or \
-            flag_wrong(check, stage)
+            ("" if own else flag_wrong(check, stage))  # the flag runs have no DDP run of yours
         # The bytes come from TODO 1's line: where that line is wrong, so are they.
         v.add(concept, not why, what, why, cause="report" if why and why == held_why and
               not report_ok else None)
+        if not why:
+            passed.append(stage)
         saved = saved if saved[0] else saved_wrong(run, name, units)
-    judge_checkpoints(check, working, done, solution_stopped, baseline, whose, stopped_at)
+    judge_checkpoints(check, working, passed, done, solution_stopped, baseline, stopped_at)
     for todo, (how, where) in stopped_at.items():
         v.add(todo, False, f"the ZeRO runs on {ranks} ranks get to their end",
               how + (f" ({where})" if where else ""), first=True)
     closing(check, ranks, own, saved)
 
 
-def judge_checkpoints(check, working, done, solution_stopped, baseline, whose, stopped_at):
-    """TODO 5, at every stage whose losses are right: the stopped run's newest checkpoint holds the
-    solution's shards, and the run resumes from it to the uninterrupted losses."""
-    v, ranks = check.verdicts, check.ranks
-    what = (f"every ZeRO stage with the right losses, stopped after step {STOP_AFTER}, saved the solution's "
-            "shards and resumes from them")
+def judge_checkpoints(check, working, passed, done, solution_stopped, baseline, stopped_at):
+    """TODO 5, at every stage whose losses are right (`working`): the stopped run's newest
+    checkpoint holds every rank's shard, the solution's where the stage passed (`passed`: a
+    stage that shards otherwise saves other shards, its own TODO's mistake), and the run resumes
+    from it to the uninterrupted losses."""
+    v = check.verdicts
+    what = (f"every ZeRO stage with DDP's losses, stopped after step {STOP_AFTER}, saved the "
+            "solution's shards and resumes from them")
     if not working:
         if not stopped_at:
             v.add("checkpoint", False, "a ZeRO run resumes from its sharded checkpoint",
@@ -449,11 +464,12 @@ def judge_checkpoints(check, working, done, solution_stopped, baseline, whose, s
                 return
             why[stage] = f"the stopped run failed: {s.how}" + (f" ({s.where})" if s.where else "")
             continue
-        why[stage], resumed[stage] = judge_resume(check, stage, first, solution_stopped[stage],
-                                                  baseline, whose)
+        why[stage], resumed[stage] = judge_resume(check, stage, first, solution_stopped[stage]
+                                                  if stage in passed else None)
     for stage, again in resumed.items():
         if again is not None:
-            why[stage] = resumed_wrong(f"ZeRO-{stage}", again, baseline, whose)
+            why[stage] = resumed_wrong(check, f"ZeRO-{stage}", again, baseline,
+                                       "your DDP run" if baseline is check.many else "DDP")
     bad = [s for s in working if why.get(s)]
     label = ", ".join(f"ZeRO-{s}" for s in working)
     v.add("checkpoint", not bad, f"{what} ({label})",

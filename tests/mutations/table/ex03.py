@@ -24,7 +24,7 @@ FINAL = '    if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-final.
 MUTANTS = [
     ("held-rank0-only", "run", "1", "the bytes line printed by rank 0 only, as print0 would: "
      "rank 1's share is never seen",
-     [(HELD_LINE, '  if (rank == 0) std::printf("rank %d: %s holds')], ["2", "3", "4", "5"]),
+     [(HELD_LINE, '  if (rank == 0) std::printf("rank %d: %s holds')], ["2", "3", "4"]),
     ("zero1-as-stage-2", "run", "2", "--zero-stage 1 made with ZeroOptions stage 2: its gradients "
      "shrink as ZeRO-2's", [(ZERO1, ZERO1.replace(".stage = 1,", ".stage = 2,"))], []),
     # Order: TODO 3's question is where the reduce-scatter goes; stage 1 puts it in step().
