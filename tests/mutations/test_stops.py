@@ -134,6 +134,16 @@ def test_library_error_at_caller():
     stop = stops.explain(run, path, ex, {}, Verdicts())
     expect(stop.rank == 1 and "wrote no shard" in stop.how,
            f"the rank that left is explained, not the one it left waiting ({stop.how})")
+    # A hang: rank 1 timed out in the kit's collective, rank 0 waits in the save's barrier,
+    # which its trace names at the trainer's line (a save inside `if (rank == 0)`).
+    run = FakeRun(1, logs={1: "rank 1: error: rank 1: reduce_scatter #41 (zero.cpp:187) timed "
+                           "out after 30 s: the other ranks never joined it\n"},
+                  traces={0: [("coll", f"kind=barrier site=train.cpp:{n}")],
+                          1: [("coll", "kind=reduce_scatter site=zero.cpp:187")]})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.todo == "5" and "rank 0 waits in a collective of your line" in stop.how,
+           f"a hang is placed where the ranks parted, the line only one rank reached "
+           f"({stop.todo}, {stop.how})")
 
 
 def test_presentation():

@@ -250,8 +250,9 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
 namespace {
 [[noreturn]] void rethrow_at(const CallSite& caller) {
   auto at = [&](const char* what) {
-    const std::string s = what;
-    return s.substr(0, s.find('\n')) + " (" + caller.str() + ")";
+    const std::string s = std::string(what).substr(0, std::string(what).find('\n'));
+    const std::string site = " (" + caller.str() + ")";
+    return s.find(site) == std::string::npos ? s + site : s;  // a barrier of the save names it
   };
   try {
     throw;
@@ -265,14 +266,14 @@ namespace {
 
 void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state, CallSite caller) {
   try {
-    save(nullptr, nullptr, &save_shard, state);
+    save(nullptr, nullptr, &save_shard, state, caller);
   } catch (...) {
     rethrow_at(caller);
   }
 }
 
 void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
-                       const ShardIO* save_shard, TrainState& state) {
+                       const ShardIO* save_shard, TrainState& state, CallSite caller) {
   const std::string name = step_name(state.global_step);
   const std::string final_dir = dir_ + "/" + name;
   // Without a process group (a single process) the temp name is per process, so that several
@@ -292,7 +293,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (::mkdir(tmp.c_str(), 0755) != 0)
       throw std::runtime_error("checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
 
   // Each rank: its own random-number state (dropout masks differ per rank).
   write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
@@ -340,7 +341,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     // A test may crash rank 0 here, half-way through the save (kit/train/checkpoint_hooks.h).
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
     std::ostringstream m;
@@ -365,7 +366,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     auto all = complete_checkpoints(dir_);
     for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) remove_tree(dir_ + "/" + all[i]);
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
   trace::record("checkpoint", name);
   if (state.stopped)
     print0("stopping after step %ld: checkpoint %s written; run the same command again to continue\n",

@@ -105,8 +105,9 @@ class Checkpoints {
 
  private:
   // The one save and the one resume behind both forms: model and optimizer (rank 0) or shards.
+  // caller: the site its barriers name (a rank that waits there alone names the trainer's line).
   void save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
-            const ShardIO* save_shard, TrainState& state);
+            const ShardIO* save_shard, TrainState& state, CallSite caller = {});
   TrainState resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
                     const ShardIO* load_shard, torch::Device device, bool require);
 

@@ -147,6 +147,17 @@ def explain(run, source, exercise, labels, verdicts):
     site, evidence = (f"{m[0]}:{m[1]}", "named") if m else ("", "")
     if not site and rank is not None:
         site, evidence = last_site(run, rank), "last"
+    # A rank that timed out in the kit's own collective may be waiting for a rank that waits in
+    # a collective of the student's line (a save made inside `if (rank == 0)` waits in its
+    # barrier, the other ranks train on): that line is where the ranks parted.
+    if not crash and evidence == "named" and source and "timed out" in line and \
+            not site.startswith(os.path.basename(source) + ":"):
+        theirs = [(r, last_site(run, r)) for r in ranks if r != rank]
+        theirs = [(r, s) for r, s in theirs if s.startswith(os.path.basename(source) + ":")]
+        if theirs:
+            other, site = theirs[0]
+            how += f"; rank {other} waits in a collective of your line"
+            evidence = "last"
     todo, where = place(site, source, exercise, labels, verdicts)
     if any(run.events(r, "after_destroy") for r in ranks):
         # The refused call is where the run stopped, not the mistake: destroy_process_group()

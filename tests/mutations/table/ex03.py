@@ -85,6 +85,9 @@ MUTANTS += [
      "checkpoint's: a later resume would load stale shards; the library refuses the save",
      [(SAVE, "    checkpoints.save_sharded([&](const std::string&) { save_shard(args.out_dir + "
              "\"/zero\"); }, s);\n")], ["2", "3", "4"]),
+    ("save-rank0-only", "stops", "5", "the shards saved on rank 0 only (`if (rank == 0)`, as "
+     "under DDP): rank 0 waits in the checkpoint's barrier while rank 1 trains on",
+     [(SAVE, "    if (rank == 0) checkpoints.save_sharded(save_shard, s);\n")], ["2", "3", "4"]),
     ("resume-wrong-folder", "run", "5", "each rank reads its shard back from the run's folder, "
      "not the checkpoint's: the resumed run stops with the library's refusal",
      [(RESUME, "    return checkpoints.resume_sharded([&](const std::string&) { load_shard(args.out_dir "
