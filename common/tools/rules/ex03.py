@@ -386,8 +386,9 @@ def judge(check):
     # The student's own DDP run first: it has none of this exercise's TODOs, so where it already
     # differs from the solution's, that is the first thing to fix, and each ZeRO stage is
     # compared with it (sharding must not change what the student's trainer computes).
-    own = "" if same_losses(many, check.reference) else \
-        (compare.first_place(check) or "its losses differ from the solution's")
+    own = "" if same_losses(many, check.reference) else (
+        compare.first_place(check) or "every traced event agrees, the printed losses do not ("
+        + compare.Places(v, check.args.exercise, check.source, PLACES).at(anchor="final") + ")")
     baseline, whose = (many, "your DDP run") if own else (check.reference, "DDP")
     if own:
         print(f"  {CROSS} your DDP run (--zero-stage 0, no TODO of this exercise) already differs "
@@ -487,4 +488,8 @@ def closing(check, ranks, own, saved):
         n = places.find(f'"/{file}"')
         v.add("all", False, what, f"{why} ({places.line(n) if n else places.at(anchor='saved')})")
         return
-    compare.judge_run(check, what, "the losses differ from the solution's" if own else "")
+    if own:  # no TODO of this exercise is in the DDP run: its own place, never "fix TODO n"
+        v.add("all", False, what, f"the losses differ from the solution's; your run first leaves "
+              f"the solution's here: {own}")
+        return
+    compare.judge_run(check, what, "")
