@@ -83,8 +83,8 @@ HELD = re.compile(r"^rank (\d+): (DDP|ZeRO-[123]) holds params (\d+) grads (\d+)
 # (tests/mutations: zero3-keeps-full-copy, caught at +237236 to +337204 in 3 runs). Again
 # 2026-11-26, with the six runs of the student's build and the solution's six at once as the
 # check runs them now (6 checks of the solution, 2 ranks, 14 peaks a stage): spreads of 49988
-# (ZeRO-1), 49984 (ZeRO-2) and 99968 bytes (ZeRO-3, 2243608 to 2343576: ZeRO-3 keeps its
-# activations since), still below the margin.
+# (ZeRO-1), 49984 (ZeRO-2) and 99968 bytes (ZeRO-3, 2243608 to 2343576, higher than above since
+# ZeRO-3 no longer recomputes its forward by default), still below the margin.
 PEAK_MARGIN = 0.5
 # A checkpoint's shards against the solution's at the same step: the same library computes both,
 # so equal but for the order of a sum (relative 1e-4 of the tensor's largest value).
