@@ -297,24 +297,23 @@ def shards_wrong(stage, mine, theirs, ranks):
     return ""
 
 
-def judge_resume(check, stage, first, theirs):
+def saved_shards_wrong(check, stage, first, theirs):
     """Why the run at `stage`, stopped after STOP_AFTER steps (`first`), has not saved every
     rank's shard, or not the shards of `theirs` (the solution's stopped run; None: not compared),
-    or "", and the second run that resumes from them (None when there is none). A stop of the
-    first run is judged by the caller."""
+    or "". A stop of the first run is judged by the caller."""
     ranks = check.ranks
     newest = last_checkpoint(first)
     shards = [f"shard-{r}-of-{ranks}.pt" for r in range(ranks)]
     if newest is None or not all(os.path.isfile(os.path.join(newest, "zero", s)) for s in shards):
         return (f"no checkpoint with every rank's shard ({', '.join(shards)}) in "
                 f"{first.out_dir}/checkpoints/step-*/zero after the stop"), None
-    why = shards_wrong(stage, first, theirs, ranks) if theirs is not None else ""
-    if why:
-        return why, None
-    # The second run writes into the first's out-dir (the later --out-dir wins).
-    again = check.launch(check.args.binary, f"resumed{stage}", ranks, "node", check.data,
-                         stage_flags(stage) + ["--out-dir", first.out_dir])
-    return "", again
+    return shards_wrong(stage, first, theirs, ranks) if theirs is not None else ""
+
+
+def resume(check, stage, first):
+    """The run at `stage` again, in the stopped run's out-dir (the later --out-dir wins)."""
+    return check.launch(check.args.binary, f"resumed{stage}", check.ranks, "node", check.data,
+                        stage_flags(stage) + ["--out-dir", first.out_dir])
 
 
 def resumed_wrong(check, name, again, baseline, whose):
@@ -459,7 +458,7 @@ def judge_checkpoints(check, working, passed, done, solution_stopped, baseline, 
             v.add("checkpoint", False, "a ZeRO run resumes from its sharded checkpoint",
                   "needs a ZeRO stage with DDP's losses first (TODOs 2 to 4)")
         return
-    why, resumed = {}, {}
+    why = {}
     for stage in working:
         first = done[("stopped", stage)]
         if first.failure():
@@ -470,11 +469,14 @@ def judge_checkpoints(check, working, passed, done, solution_stopped, baseline, 
                 return
             why[stage] = f"the stopped run failed: {s.how}" + (f" ({s.where})" if s.where else "")
             continue
-        why[stage], resumed[stage] = judge_resume(check, stage, first, solution_stopped[stage]
-                                                  if stage in passed else None)
-    for stage, again in resumed.items():
-        if again is not None:
-            why[stage] = resumed_wrong(check, f"ZeRO-{stage}", again, baseline,
+        why[stage] = saved_shards_wrong(check, stage, first, solution_stopped[stage]
+                                        if stage in passed else None)
+    # The second runs, from the checkpoints that hold what they should: at once.
+    again = [s for s in working if not why.get(s)]
+    with ThreadPoolExecutor(max(1, len(again))) as pool:
+        runs = {s: pool.submit(resume, check, s, done[("stopped", s)]) for s in again}
+        for stage, f in runs.items():
+            why[stage] = resumed_wrong(check, f"ZeRO-{stage}", f.result(), baseline,
                                        "your DDP run" if baseline is check.many else "DDP")
     bad = [s for s in working if why.get(s)]
     label = ", ".join(f"ZeRO-{s}" for s in working)
