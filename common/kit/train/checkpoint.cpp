@@ -342,6 +342,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
   if (everyone()) barrier(caller);
+
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
     std::ostringstream m;
