@@ -29,6 +29,7 @@
 #include "kit/sharding/zero3.h"            // FullyShardedModel: stage 3
 #include "tiny_lm.h"                       // kit_test::tiny_lm (tests/support)
 #include "kit/sharding/zero_checkpoint.h"  // save_zero_checkpoint, load_zero_checkpoint
+#include "kit/train/checkpoint.h"          // Checkpoints::save_sharded: refuses a save without shards
 #include "zero_runs.h"                     // kit_bench::train: N ranks at a stage (common/bench)
 
 namespace {
@@ -882,6 +883,39 @@ TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
+
+// A sharded save whose function wrote no shard into the checkpoint's folder (nothing, or its
+// own folder) is refused with one line that ends with the caller's line, and leaves no complete
+// checkpoint; written where it is told, the save is kept. One process, no process group. A
+// stage's options in the wrong class: the error ends with the line that wrote the options.
+TEST(ZeroCheckpointSave, ASaveWithoutShardsIsRefusedAtTheCallersLine) {
+  const std::string out = temp_dir("shardless");
+  std::filesystem::create_directories(out);
+  auto groups = kit::ProcessGroup::local_groups(1);
+  kit::TransformerLM model(kit_test::tiny_lm(kVocab, kSeqLen));
+  kit::ZeroOptimizer zero(model, {1, adamw(), groups[0].get()});
+  kit::Checkpoints checkpoints(out, "test");
+  kit::TrainState state;
+  state.global_step = 1;
+  const int line = __LINE__ + 1;
+  const std::string e = error_of([&] { checkpoints.save_sharded([](const std::string&) {}, state); });
+  EXPECT_NE(e.find("the ZeRO save wrote no shard of rank(s) 0 into"), std::string::npos) << e;
+  EXPECT_NE(e.find("(zero_test.cpp:" + std::to_string(line) + ")"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints/step-000000001"));
+  state.global_step = 2;
+  checkpoints.save_sharded([&](const std::string& dir) { kit::save_zero_checkpoint(dir, zero); }, state);
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step-000000002/zero/shard-0-of-1.pt"));
+
+  const int options_line = __LINE__ + 1;
+  kit::ZeroOptions three{.stage = 3, .adamw = adamw(), .group = groups[0].get()};
+  kit::TransformerLM other(kit_test::tiny_lm(kVocab, kSeqLen));
+  const std::string wrong = error_of([&] { kit::ZeroOptimizer z(other, three); });
+  EXPECT_NE(wrong.find("ZeroOptimizer does stages 1 and 2, not 3"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("(zero_test.cpp:" + std::to_string(options_line) + ")"), std::string::npos)
+      << wrong;
+  std::filesystem::remove_all(out);
+}
 
 }  // namespace
 

@@ -111,6 +111,112 @@ def test_kit_file_and_destroy():
            f"a call after destroy_process_group() points at the destroy TODO ({stop.where})")
 
 
+def test_library_error_at_caller():
+    # A kit error that names its own line and then the trainer's that called it (Checkpoints::
+    # save_sharded appends its CallSite): placed at the trainer's line, in its TODO, not in the kit.
+    ex = "03-transformer-lm-zero"
+    text = open(os.path.join(ROOT, "solutions", ex, "train.cpp")).read()
+    path = os.path.join(tempfile.mkdtemp(prefix="kit-test-stops-"), "train.cpp")
+    with open(path, "w") as f:
+        f.write(text)
+    n = line_of(text, "checkpoints.save_sharded(save_shard, s);")
+    run = FakeRun(1, logs={1: f"rank 1: error: barrier #3 (zero_checkpoint.cpp:48) timed out after "
+                           f"30 s (train.cpp:{n})\n"})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.todo == "5" and f"line {n} of train.cpp" in stop.where,
+           f"a library error is placed at its caller's line, TODO 5 ({stop.todo}, {stop.where})")
+    # The rank whose collective failed because the other left is not the one to explain.
+    run = FakeRun(1, logs={0: "rank 0: error: rank 0: barrier #86 (checkpoint.cpp:369) failed: "
+                           "another rank left the job (it died, or it finished without calling "
+                           f"this collective) (train.cpp:{n})\n",
+                           1: f"rank 1: error: checkpoint step-6: the ZeRO save wrote no shard of "
+                           f"rank(s) 0, 1 (train.cpp:{n})\n"})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.rank == 1 and "wrote no shard" in stop.how,
+           f"the rank that left is explained, not the one it left waiting ({stop.how})")
+    # A hang: rank 1 timed out in the kit's collective, rank 0 waits in the save's barrier,
+    # which its trace names at the trainer's line (a save inside `if (rank == 0)`).
+    run = FakeRun(1, logs={1: "rank 1: error: rank 1: reduce_scatter #41 (zero.cpp:187) timed "
+                           "out after 30 s: the other ranks never joined it\n"},
+                  traces={0: [("coll", f"kind=barrier site=train.cpp:{n}")],
+                          1: [("coll", "kind=reduce_scatter site=zero.cpp:187")]})
+    stop = stops.explain(run, path, ex, {}, Verdicts())
+    expect(stop.todo == "5" and "rank 0 waits in a collective of your line" in stop.how,
+           f"a hang is placed where the ranks parted, the line only one rank reached "
+           f"({stop.todo}, {stop.how})")
+
+
+def test_archive():
+    # A file in the layout torch::serialize::OutputArchive writes (a zip; data.pkl rebuilds each
+    # tensor from a storage by persistent id; the storage's bytes in data/<key>), made here
+    # without torch: checklib/archive.py must read back every key's values and shape.
+    import array
+    import pickle
+    import types
+    import zipfile
+    from checklib import archive
+
+    fake = types.ModuleType("torch"), types.ModuleType("torch._utils")
+    saved = {m.__name__: sys.modules.get(m.__name__) for m in fake}
+
+    def rebuild(*args):
+        raise AssertionError("never called: only pickled")
+    rebuild.__module__, rebuild.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
+    fake[1]._rebuild_tensor_v2 = rebuild
+    storages = {"Float": type("FloatStorage", (), {"__module__": "torch"}),
+                "Long": type("LongStorage", (), {"__module__": "torch"})}
+    for k, c in storages.items():
+        setattr(fake[0], c.__name__, c)
+    Module = type("Module", (), {"__module__": "torch", "__reduce__":
+                                 lambda self: (Module, (), self.__dict__)})
+    fake[0].Module = Module
+
+    class Storage:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+    class T:
+        def __init__(self, key, kind, values, shape):
+            self.key, self.kind, self.values, self.shape = key, kind, values, shape
+
+        def __reduce__(self):
+            return rebuild, (Storage(self), 0, self.shape, (1,) * len(self.shape), False, {})
+
+    class Writer(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, Storage):
+                t = obj.tensor
+                return ("storage", storages[t.kind], t.key, "cpu", len(t.values))
+            return None
+    tensors = {"0": T("0", "Float", [0.5, -1.25, 3.0, 4.0], (2, 2)), "1": T("1", "Long", [7], (1,))}
+    root = Module()
+    root.__dict__.update(tensors)
+    try:
+        sys.modules.update({m.__name__: m for m in fake})
+        out = io.BytesIO()
+        Writer(out, protocol=2).dump(root)
+    finally:
+        for name, m in saved.items():
+            if m is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = m
+    path = os.path.join(tempfile.mkdtemp(prefix="kit-test-archive-"), "shard-0-of-1.pt")
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", out.getvalue())
+        z.writestr("archive/data/0", array.array("f", tensors["0"].values).tobytes())
+        z.writestr("archive/data/1", array.array("q", tensors["1"].values).tobytes())
+    got = archive.tensors(path)
+    expect(sorted(got) == ["0", "1"] and list(got["0"].values) == [0.5, -1.25, 3.0, 4.0] and
+           got["0"].shape == (2, 2) and list(got["1"].values) == [7],
+           f"a LibTorch archive's tensors are read without torch ({ {k: list(v.values) for k, v in got.items()} })")
+    try:
+        archive.tensors(os.path.join(os.path.dirname(path), "none.pt"))
+        expect(False, "a missing archive raises")
+    except (OSError, ValueError):
+        expect(True, "a missing archive raises OSError or ValueError")
+
+
 def test_presentation():
     v = Verdicts({"ddp": "7", "no_sync": "15", "lr": "14"})
     v.add("lr", False, "the learning rate", "not judged: the ranks differ", cause="ddp")
@@ -153,6 +259,8 @@ def main():
     test_generated_data()
     test_site_in_todo()
     test_kit_file_and_destroy()
+    test_library_error_at_caller()
+    test_archive()
     test_presentation()
     print(f"{len(FAILED)} failed" if FAILED else "all passed")
     return 1 if FAILED else 0

@@ -43,11 +43,13 @@ int64_t bucket_cap(const std::vector<torch::Tensor>& params) {
 // 2 ranks, 168.0-171.2 against 166.9-170.6 on 4, varying from run to run).
 constexpr size_t kInFlight = 2;
 
-int stage_1_or_2(int stage) {
-  check_zero_stage(stage);
+// Ends with the line that wrote the options (ZeroOptions::site): the trainer's, not this file's.
+int stage_1_or_2(const ZeroOptions& options) {
+  const int stage = options.stage;
   if (stage != 1 && stage != 2)
     throw std::invalid_argument("ZeroOptimizer does stages 1 and 2, not " + std::to_string(stage) +
-                                " (stage 0 is DistributedDataParallel, 3 is FullyShardedModel)");
+                                " (stage 0 is DistributedDataParallel, 3 is FullyShardedModel) (" +
+                                options.site.str() + ")");
   return stage;
 }
 
@@ -220,7 +222,7 @@ void ZeroOptimizer::finish_backward() {
 ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options)
     : keep_group_(options.group ? nullptr : default_group_ptr()),
       group_(options.group ? options.group : keep_group_.get()),
-      stage_(stage_1_or_2(options.stage)),
+      stage_(stage_1_or_2(options)),
       params_(trainable(params)),
       claim_(params_, "ZeRO-" + std::to_string(stage_)),
       layout_(params_, group_->size(), group_->rank(), bucket_cap(params_)),

@@ -78,6 +78,10 @@ struct ZeroOptions {
   // torch.nn.utils.clip_grad_norm_ does (kit/train/clip.h: the shards' sums of squares
   // all-reduced). 0: no clipping.
   double max_grad_norm = 0;
+  // Where these options were written (the trainer's line, filled in by the aggregate
+  // initialisation `kit::ZeroOptions{...}` itself): an error of the stage ends with it, so that
+  // kit check blames that line, not zero.cpp. Never set by hand.
+  CallSite site = {};
 };
 
 class ZeroOptimizer {

@@ -159,12 +159,13 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
   }
 };
 
-int stage_3(int stage) {
-  check_zero_stage(stage);
-  if (stage != 3)
-    throw std::invalid_argument("FullyShardedModel is ZeRO stage 3, not " + std::to_string(stage) +
-                                " (stages 1 and 2: ZeroOptimizer)");
-  return stage;
+// Ends with the line that wrote the options (ZeroOptions::site): the trainer's, not this file's.
+int stage_3(const ZeroOptions& options) {
+  if (options.stage != 3)
+    throw std::invalid_argument("FullyShardedModel is ZeRO stage 3, not " +
+                                std::to_string(options.stage) + " (stages 1 and 2: ZeroOptimizer) (" +
+                                options.site.str() + ")");
+  return options.stage;
 }
 
 std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
@@ -211,7 +212,7 @@ FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions
     : keep_group_(options.group ? nullptr : default_group_ptr()),
       group_(options.group ? options.group : keep_group_.get()),
       recompute_(sharding.recompute) {
-  stage_3(options.stage);
+  stage_3(options);
   max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");
   if (units.empty()) throw std::invalid_argument("FullyShardedModel: no units given");
   // A parameter in two units would be gathered into two buffers and trained twice.

@@ -8,7 +8,8 @@
 
 #include <torch/torch.h>
 
-#include "kit/train/files.h"  // write_atomically
+#include "kit/train/checkpoint.h"  // Checkpoints::shard_file
+#include "kit/train/files.h"       // write_atomically
 
 namespace kit {
 namespace {
@@ -24,7 +25,7 @@ struct Manifest {
 int version_of(int stage) { return stage == 3 ? 1 : 2; }
 
 std::string shard_path(const std::string& dir, int rank, int ranks) {
-  return dir + "/shard-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".pt";
+  return dir + "/" + Checkpoints::shard_file(rank, ranks);
 }
 
 // Every rank: its tensors (and the AdamW step counts, as one int64 tensor at the end).

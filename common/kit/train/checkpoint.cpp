@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -85,12 +86,41 @@ void Checkpoints::save(const torch::nn::Module& model, const torch::optim::Optim
   save(&model, &optimizer, nullptr, state);
 }
 
-void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state) {
-  save(nullptr, nullptr, &save_shard, state);
+// An error of a sharded save or resume, ended with the trainer's line that called it: the one
+// line a rank dies with then names the student's call (kit check places it in its TODO), not a
+// line of this file or of zero_checkpoint.cpp. A CheckpointError stays one; any other error (a
+// collective's CommError) becomes a runtime_error with the same text.
+namespace {
+[[noreturn]] void rethrow_at(const CallSite& caller) {
+  auto at = [&](const char* what) {
+    const std::string s = std::string(what).substr(0, std::string(what).find('\n'));
+    const std::string site = " (" + caller.str() + ")";
+    return s.find(site) == std::string::npos ? s + site : s;  // a barrier of the save names it
+  };
+  try {
+    throw;
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(at(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(at(e.what()));
+  }
+}
+}  // namespace
+
+std::string Checkpoints::shard_file(int rank, int ranks) {
+  return "shard-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".pt";
+}
+
+void Checkpoints::save_sharded(const ShardIO& save_shard, TrainState& state, CallSite caller) {
+  try {
+    save(nullptr, nullptr, &save_shard, state, caller);
+  } catch (...) {
+    rethrow_at(caller);
+  }
 }
 
 void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
-                       const ShardIO* save_shard, TrainState& state) {
+                       const ShardIO* save_shard, TrainState& state, CallSite caller) {
   const std::string name = step_name(state.global_step);
   const std::string final_dir = dir_ + "/" + name;
   // Without a process group (a single process) the temp name is per process, so that several
@@ -110,7 +140,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (::mkdir(tmp.c_str(), 0755) != 0)
       throw std::runtime_error("checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
 
   // Each rank: its own random-number state (dropout masks differ per rank).
   write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
@@ -128,7 +158,20 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     if (everyone()) default_group().all_reduce(loss_sums, ReduceOp::SUM);
     loss_sums = loss_sums.to(torch::kCPU);
   }
-  if (save_shard) (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
+  if (save_shard) {
+    (*save_shard)(tmp + "/zero");  // every rank its shard (it ends on a barrier)
+    // Every rank's shard must be in zero/ now: a function that wrote elsewhere, or nothing,
+    // would leave a checkpoint that resumes nothing. Every rank looks at every shard, so all
+    // refuse together, and before the barrier below, after which rank 0 renames the folder.
+    std::string missing;
+    for (int r = 0; r < world; ++r)
+      if (!std::filesystem::exists(tmp + "/zero/" + shard_file(r, world)))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (!missing.empty())
+      throw CheckpointError("checkpoint " + name + ": the ZeRO save wrote no shard of rank(s) " +
+                            missing + " into " + tmp + "/zero (save_sharded's function must " +
+                            "write this rank's shard into the folder it is given)");
+  }
   if (rank == 0) {
     torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
     if (model) {
@@ -146,7 +189,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     // A test may crash rank 0 here, half-way through the save (kit/train/checkpoint_hooks.h).
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
 
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
@@ -160,7 +203,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     auto all = complete_checkpoints(dir_);
     for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) remove_tree(dir_ + "/" + all[i]);
   }
-  if (everyone()) barrier();
+  if (everyone()) barrier(caller);
   observe::checkpoint(name);
   if (state.stopped)
     print0("stopping after step %ld: checkpoint %s written; run the same command again to continue\n",
@@ -173,8 +216,12 @@ TrainState Checkpoints::resume(torch::nn::Module& model, torch::optim::Optimizer
 }
 
 TrainState Checkpoints::resume_sharded(const ShardIO& load_shard, torch::Device device,
-                                       bool require) {
-  return resume(nullptr, nullptr, &load_shard, device, require);
+                                       bool require, CallSite caller) {
+  try {
+    return resume(nullptr, nullptr, &load_shard, device, require);
+  } catch (...) {
+    rethrow_at(caller);
+  }
 }
 
 TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,

@@ -36,6 +36,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include "kit/runtime/process_group.h"  // CallSite: the caller's line in an error
+
 namespace kit {
 
 struct TrainState {
@@ -91,16 +93,24 @@ class Checkpoints {
   // of rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and
   // reads it back with load_shard(<checkpoint>/zero). The rest (where training is, the RNG, the
   // manifest with every shard's checksum, the same-number-of-ranks rule) is the same as above.
+  // A save whose save_shard left some rank's shard out of <checkpoint>/zero is refused on every
+  // rank (CheckpointError): its resume could not work. An error of either call ends with the
+  // caller's line, "(train.cpp:251)", so that kit check blames the trainer's line, not this file.
   using ShardIO = std::function<void(const std::string& dir)>;
-  void save_sharded(const ShardIO& save_shard, TrainState& state);
-  TrainState resume_sharded(const ShardIO& load_shard, torch::Device device, bool require = false);
+  // The file rank r of N writes into that folder, "shard-<r>-of-<N>.pt": the one spelling of the
+  // name, for zero_checkpoint.cpp (which writes it) and for the check above (which looks for it).
+  static std::string shard_file(int rank, int ranks);
+  void save_sharded(const ShardIO& save_shard, TrainState& state, CallSite caller = {});
+  TrainState resume_sharded(const ShardIO& load_shard, torch::Device device, bool require = false,
+                            CallSite caller = {});
 
   const std::string& dir() const { return dir_; }
 
  private:
   // The one save and the one resume behind both forms: model and optimizer (rank 0) or shards.
+  // caller: the site its barriers name (a rank that waits there alone names the trainer's line).
   void save(const torch::nn::Module* model, const torch::optim::Optimizer* optimizer,
-            const ShardIO* save_shard, TrainState& state);
+            const ShardIO* save_shard, TrainState& state, CallSite caller = {});
   TrainState resume(torch::nn::Module* model, torch::optim::Optimizer* optimizer,
                     const ShardIO* load_shard, torch::Device device, bool require);
 

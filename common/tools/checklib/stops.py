@@ -2,8 +2,10 @@
 reported, a hang) and where, placed in the student's file and in its TODO.
 
 The place is taken from evidence the run left, never guessed: the call site the kit's own error
-names ("broadcast #1 (collectives.cpp:48)", common/kit/runtime/process_group_checks.cpp), else the last
-collective the rank entered (the run trace's "coll ... site=file:line"). A site in a kit file
+names ("broadcast #1 (collectives.cpp:48)", common/kit/runtime/process_group_checks.cpp), else
+the last collective the rank entered (the run trace's "coll ... site=file:line"). A kit error
+that ends with its caller's line ("... (train.cpp:251)": Checkpoints::save_sharded, ZeroOptions)
+is placed at that line of the student's file, not in the kit. A site in a kit file
 that the rules map to a concept (ddp.cpp: DDP's TODO) names that TODO. The line of the
 student's file is placed in its TODO through the annotated source (every line of the exercise
 has a place between the common lines: build_errors.todo_at), then by its text.
@@ -27,6 +29,7 @@ MEANING = {
     "SIGILL": "an illegal instruction",
 }
 SITE = re.compile(r"\(([A-Za-z0-9_.+-]+\.(?:cpp|h|cc|hpp)):(\d+)\)")
+LEFT = "another rank left the job"
 ERROR = re.compile(r"error|what\(\)|terminate|abort|timed out|exception|refused|invalid", re.I)
 
 # rank: the rank that stopped first (None: unknown); how: one sentence; site: "file.cpp:N" or
@@ -120,7 +123,10 @@ def explain(run, source, exercise, labels, verdicts):
         return None
     crash = killed_by(run)
     ranks = range(run.ranks)
-    rank = crash[0] if crash else next((r for r in ranks if error_line(run, r)), None)
+    # A rank whose collective failed because another rank left is a consequence: the rank that
+    # left says why (kit/runtime/process_group.cpp words it "another rank left the job").
+    own = [r for r in ranks if error_line(run, r) and LEFT not in error_line(run, r)]
+    rank = crash[0] if crash else next(iter(own), next((r for r in ranks if error_line(run, r)), None))
     line = error_line(run, rank) if rank is not None else ""
     if crash:
         sig = crash[1]
@@ -133,10 +139,25 @@ def explain(run, source, exercise, labels, verdicts):
             not line.startswith(f"rank {rank}") else (line or run.failure() or "it failed")
     # The site: the one the error names, else the last collective the rank entered (a crash
     # names none; the kit cannot see the faulting instruction, so that is said as what it is).
-    m = SITE.search(line) if line else None
-    site, evidence = (f"{m.group(1)}:{m.group(2)}", "named") if m else ("", "")
+    # A kit error may name several: its own line, then the trainer's line that called it (the
+    # kit appends its caller's, CallSite): the student's file is the one to place.
+    sites = SITE.findall(line) if line else []
+    mine = [s for s in sites if source and s[0] == os.path.basename(source)]
+    m = (mine or sites or [None])[0]
+    site, evidence = (f"{m[0]}:{m[1]}", "named") if m else ("", "")
     if not site and rank is not None:
         site, evidence = last_site(run, rank), "last"
+    # A rank that timed out in the kit's own collective may be waiting for a rank that waits in
+    # a collective of the student's line (a save made inside `if (rank == 0)` waits in its
+    # barrier, the other ranks train on): that line is where the ranks parted.
+    if not crash and evidence == "named" and source and "timed out" in line and \
+            not site.startswith(os.path.basename(source) + ":"):
+        theirs = [(r, last_site(run, r)) for r in ranks if r != rank]
+        theirs = [(r, s) for r, s in theirs if s.startswith(os.path.basename(source) + ":")]
+        if theirs:
+            other, site = theirs[0]
+            how += f"; rank {other} waits in a collective of your line"
+            evidence = "last"
     todo, where = place(site, source, exercise, labels, verdicts)
     if any(run.events(r, "after_destroy") for r in ranks):
         # The refused call is where the run stopped, not the mistake: destroy_process_group()
