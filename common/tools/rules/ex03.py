@@ -61,6 +61,10 @@ FLAG_VALUES = ["--lr", "0.003", "--clip-grad", "1e-6"]
 FLAG_RUNS = {f"flags{stage}": SHORT_FLAGS + FLAG_VALUES + ["--zero-stage", str(stage)]
              for stage in (1, 2, 3)}
 STOP_AFTER = 4  # the stopped run: after step 4 of 6, in the second epoch
+# A step of these runs takes well under a second; a rank that waits 12 s in a collective or the
+# rendezvous waits for a rank that never comes (a save only rank 0 calls). Shorter than the
+# engine's 30 s so that the check of such a hang, once per stage, is quick.
+RUN_ENV = {"KIT_TIMEOUT": "12"}
 # Each epoch's losses and the test loss are printed with 5 decimals. A ZeRO stage computes the
 # same averages as DDP, but a reduce-scatter may add the ranks' gradients in another order than
 # an all-reduce: equal up to rounding, so up to 2 units of the last printed digit. Measured
