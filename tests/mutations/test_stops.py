@@ -26,14 +26,10 @@ sys.path.insert(0, os.path.join(ROOT, "common", "tools"))
 from checklib import stops  # noqa: E402
 from checklib.verdicts import Verdicts  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from verdict import expect, finish  # noqa: E402
+
 EX = "00-collectives"
-FAILED = []
-
-
-def expect(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        FAILED.append(what)
 
 
 class FakeRun:
@@ -262,8 +258,7 @@ def main():
     test_library_error_at_caller()
     test_archive()
     test_presentation()
-    print(f"{len(FAILED)} failed" if FAILED else "all passed")
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -26,15 +26,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from checkout import copy_checkout  # noqa: E402
+from verdict import expect, finish  # noqa: E402
 
-FAILED = []
 TOP = re.compile(r"(: |, )README\.md[ ,]")  # the top-level README in the list of stale files
-
-
-def expect(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        FAILED.append(what)
 
 
 def run(root, tool, *args):
@@ -149,7 +143,7 @@ def main(src, work):
            f"doc_links names a missing file, a missing anchor and a wrapped link's target, "
            f"not code: {out.strip()}")
     restore(work, "exercises/README.md", old)
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -18,14 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from checkout import copy_checkout  # noqa: E402
-
-FAILED = []
-
-
-def expect(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        FAILED.append(what)
+from verdict import expect, finish  # noqa: E402
 
 
 def check(root):
@@ -41,9 +34,8 @@ def with_edit(root, path, old, new, *wanted, why):
         raise SystemExit(f"test_kit_layout.py: {path} no longer holds {old!r}: update this test")
     open(full, "w", encoding="utf-8").write(text.replace(old, new, 1))
     rc, out = check(root)
-    expect(rc == 1 and all(w in out for w in wanted), f"{why} (exit {rc}; wanted {wanted})")
-    if rc != 1 or not all(w in out for w in wanted):
-        print(out)
+    expect(rc == 1 and all(w in out for w in wanted), f"{why} (exit {rc}; wanted {wanted})",
+           detail=out)
     open(full, "w", encoding="utf-8").write(text)
 
 
@@ -51,9 +43,7 @@ def main(src, work):
     shutil.rmtree(work, ignore_errors=True)
     copy_checkout(src, work, untracked=True)
     rc, out = check(work)
-    expect(rc == 0, "the copy passes as it is")
-    if rc:
-        print(out)
+    expect(rc == 0, "the copy passes as it is", detail=out)
     ex = "exercises/01-transformer-lm-ddp/train.cpp"
     with_edit(work, ex, '#include "kit/data/data_loader.h"', '#include "kit/data_loader.h"',
               f"{ex}:16:", "names kit/data_loader.h",
@@ -96,8 +86,7 @@ def main(src, work):
               "the folder table is not what kit_layout.py renders",
               why="the table's 'first included by' column follows the solutions' includes")
     shutil.rmtree(work, ignore_errors=True)
-    print("FAILED: " + "; ".join(FAILED) if FAILED else "OK")
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

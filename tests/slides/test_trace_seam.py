@@ -19,13 +19,8 @@ import shutil
 import subprocess
 import sys
 
-FAILED = []
-
-
-def expect(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        FAILED.append(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from verdict import expect, finish  # noqa: E402
 
 
 def check(root, tool):
@@ -50,9 +45,8 @@ def with_line(root, tool, path, anchor, new, wanted, why):
         ok = rc == 0
     else:
         ok = rc == 1 and any(line.startswith(where) and wanted in line for line in out.split("\n"))
-    expect(ok, f"{why} (exit {rc}; wanted {'a pass' if wanted is None else where + ' ' + wanted})")
-    if not ok:
-        print(out)
+    expect(ok, f"{why} (exit {rc}; wanted {'a pass' if wanted is None else where + ' ' + wanted})",
+           detail=out)
     open(full, "w", encoding="utf-8").write(text)
 
 
@@ -62,9 +56,7 @@ def main(src, work):
         shutil.copytree(os.path.join(src, folder), os.path.join(work, folder))
     tool = os.path.join(src, "common/tools/trace_seam.py")
     rc, out = check(work, tool)
-    expect(rc == 0, "the copy passes as it is")
-    if rc:
-        print(out)
+    expect(rc == 0, "the copy passes as it is", detail=out)
 
     metrics, ddp = "common/kit/train/metrics.cpp", "common/kit/ddp/ddp.cpp"
     with_line(work, tool, metrics, "observe::step(", '  trace::record("step", "loss=1");',
@@ -105,8 +97,7 @@ def main(src, work):
     rc, _ = check(work, tool)
     expect(rc == 0, "the copy passes again after each edit was undone")
     shutil.rmtree(work, ignore_errors=True)
-    print("FAILED: " + "; ".join(FAILED) if FAILED else "OK")
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":
