@@ -91,15 +91,25 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-std::vector<std::string> complete_checkpoints(const std::string& dir) {
+namespace {
+// The names in `dir` that start with "step-" (none when it cannot be read), in listing order.
+std::vector<std::string> step_entries(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) names.push_back(n);
+      if (n.rfind("step-", 0) == 0) names.push_back(n);
     }
     ::closedir(d);
   }
+  return names;
+}
+}  // namespace
+
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  for (std::string& n : step_entries(dir))
+    if (n.find(".tmp") == std::string::npos) names.push_back(std::move(n));
   std::sort(names.begin(), names.end());
   if (auto& listed = testing::checkpoint_hooks().listed) listed(get_rank(), names);
   return names;
@@ -107,14 +117,8 @@ std::vector<std::string> complete_checkpoints(const std::string& dir) {
 
 std::vector<std::string> leftover_checkpoints(const std::string& dir) {
   std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
-        names.push_back(n);
-    }
-    ::closedir(d);
-  }
+  for (std::string& n : step_entries(dir))
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0) names.push_back(std::move(n));
   return names;
 }
 
