@@ -96,8 +96,9 @@ def tracked_files(root):
                              capture_output=True, text=True, check=True).stdout.strip()
         if os.path.realpath(top) != os.path.realpath(root):  # a copy inside another checkout
             raise OSError(top)
-        out = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
-                             check=True).stdout.split("\n")
+        # Untracked files too (not the ignored ones): a new file is checked before it is added.
+        out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard"],
+                             capture_output=True, text=True, check=True).stdout.split("\n")
     except (OSError, subprocess.CalledProcessError):
         out = [os.path.relpath(os.path.join(b, f), root) for b, _, fs in os.walk(root)
                if "/.git" not in b for f in fs]
