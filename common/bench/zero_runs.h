@@ -125,7 +125,8 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
       auto before = g.stats().bytes;
       accounts[r]->reset_peak();
       auto [input, target] = batch(s, k, n, r);
-      auto logits = zero3 ? zero3->forward(input) : models[r]->forward(input);
+      // Under DDP through the wrapper, as a trainer (kit/ddp/ddp.h: the forward prepares backward).
+      auto logits = zero3 ? zero3->forward(input) : ddp ? ddp->forward(input) : models[r]->forward(input);
       auto loss = kit::lm_loss(logits, target);
       loss.backward();
       // Under DDP backward returns once every average is in: each rank clips the same gradient.

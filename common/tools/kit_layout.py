@@ -12,7 +12,12 @@ one of its headers (read from solutions/*/*.cpp, so the column cannot go stale).
   * the table differs from its rendering;
   * any tracked text file names a kit source by a path with no folder (`kit/ddp.h`,
     `common/kit/zero.cpp`): the includes, docs, slides, rules and tests all say the folder.
-    `kit/compat.h` is the one file that stays at the top (DEVELOPERS.md names it).
+    `kit/compat.h` is the one file that stays at the top (DEVELOPERS.md names it);
+  * a source of common/kit/ includes a header of a folder that is not below its own in LAYERS
+    (file, line and both folders named): the library's parts point one way, so that a lower part
+    can be read, built and tested without the upper ones. kit/check/observe.h, the checker's
+    seam, may be included from every folder (it includes nothing of the kit), and check/'s own
+    sources read the runtime's types to format them.
 
 Commands:
   kit_layout.py check [ROOT]   exit 1 on a finding
@@ -35,23 +40,31 @@ SELF = {"common/tools/kit_layout.py", "tests/slides/test_kit_layout.py"}
 # Folder -> what it holds, in the course's order. A new folder gets its line here.
 FOLDERS = {
     "runtime": "the processes and their group: the rank environment, `setup()`, the process "
-               "group over Gloo or NCCL, the collectives, `print0`/`save0`, the device rule",
+               "group over Gloo or NCCL, the collectives, `print0`/`save0`, the device rule, "
+               "files written atomically",
     "data": "datasets (WikiText, CIFAR-10), `DistributedSampler`, the `DataLoader` and its "
             "worker threads",
     "models": "the Transformer LM and the ResNet, plain `torch::nn` modules",
     "ddp": "`DistributedDataParallel`: buckets, gradient averaging overlapped with backward, "
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
-                "sharded AdamW and sharded checkpoints",
+                "sharded AdamW, clipping a sharded gradient",
     "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
-             "scaling study's summary, checkpoints, memory counting, gradient clipping",
+             "scaling study's summary, checkpoints (sharded ones too), memory counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }
 
+# The order of the parts: a folder includes only folders of a lower layer (and its own). Peers on
+# one layer (data, models) include neither the other.
+LAYERS = {"runtime": 0, "data": 1, "models": 1, "ddp": 2, "sharding": 3, "train": 4}
+SEAM = "check/observe.h"          # includable from every folder
+SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's types
+
 # Also in a regular expression, where the dot is escaped (`kit/distributed\\.h` in a rule).
 OLD_FLAT = re.compile(r"(?:(?<=common/)|(?<![A-Za-z0-9_./-]))kit/([a-z0-9_]+)\\?\.(h|cpp)\b")
 INCLUDE = re.compile(r'#include "kit/([a-z0-9_]+)/[a-z0-9_]+\.h"')
+INCLUDE_LINE = re.compile(r'^\s*#\s*include\s+"kit/(([a-z0-9_]+)/[a-z0-9_]+\.h)"')
 BINARY = {".png", ".svg", ".pdf", ".bin", ".gz", ".jpg", ".ico", ".woff", ".woff2"}
 
 
@@ -105,6 +118,40 @@ def tracked_files(root):
     return [f for f in out if f and os.path.splitext(f)[1] not in BINARY]
 
 
+def order_line(folder):
+    """The LAYERS order in words, for a finding."""
+    by_layer = {}
+    for f, n in LAYERS.items():
+        by_layer.setdefault(n, []).append(f)
+    return " -> ".join(", ".join(by_layer[n]) for n in sorted(by_layer))
+
+
+def wrong_way(root):
+    """Includes of common/kit/ that point up the order (or sideways), one finding each."""
+    found = []
+    kit = os.path.join(root, "common/kit")
+    for folder in folders(root):
+        d = os.path.join(kit, folder)
+        for name in sorted(os.listdir(d)):
+            if not name.endswith((".h", ".cpp")):
+                continue
+            lines = open(os.path.join(d, name), encoding="utf-8").read().split("\n")
+            for n, line in enumerate(lines, 1):
+                m = INCLUDE_LINE.match(line)
+                if not m or m.group(2) == folder or m.group(1) == SEAM:
+                    continue
+                target = m.group(2)
+                if target in SEAM_READS.get(folder, ()):
+                    continue
+                if folder in LAYERS and target in LAYERS and LAYERS[target] < LAYERS[folder]:
+                    continue
+                found.append(f"common/kit/{folder}/{name}:{n}: kit/{folder}/ includes "
+                             f"kit/{m.group(1)}, but {target}/ is not below {folder}/ in the "
+                             f"library's order ({order_line(folder)}; check/ only through "
+                             f"kit/{SEAM}): move the code to the folder where it belongs")
+    return found
+
+
 def findings(root):
     found = []
     on_disk, named = set(folders(root)), set(FOLDERS)
@@ -113,6 +160,10 @@ def findings(root):
                      "(common/tools/kit_layout.py): say what it holds")
     for f in sorted(named - on_disk):
         found.append(f"FOLDERS names kit/{f}/, which common/kit/ lacks")
+    for f in sorted(on_disk - set(LAYERS) - {"check"}):
+        found.append(f"common/kit/{f}/: a folder with no layer in LAYERS "
+                     "(common/tools/kit_layout.py): say which folders it may include")
+    found += wrong_way(root)
     loose = sorted(f for f in os.listdir(os.path.join(root, "common/kit"))
                    if f.endswith((".h", ".cpp")) and f not in TOP_LEVEL)
     for f in loose:
@@ -170,8 +221,9 @@ def main(argv):
     for f in found:
         print("FAIL " + f)
     if not found:
-        print(f"OK: common/kit/ has {len(FOLDERS)} folders, each in the table; nothing names "
-              "a flat path of the old layout")
+        print(f"OK: common/kit/ has {len(FOLDERS)} folders, each in the table; every include "
+              f"points down the order {order_line(None)}; nothing names a flat path of the old "
+              "layout")
     return 1 if found else 0
 
 

@@ -7,6 +7,7 @@
 // Work through the TODOs in order; `./kit check 01` tells you which ones already work.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
@@ -21,10 +22,12 @@
 //         module; these two headers are the course's stand-in for it (setup, collectives, DDP).
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
+// The training forward, input -> logits: in Python, `model(x)` (main() says which one it is).
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // One pass over the training data (or the rest of it, after a resume). Returns the mean training
 // loss of the pass. Stops early, with state.stopped set, when the job is asked to stop.
-torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
+torch::Tensor train_one_epoch(kit::TransformerLM& model, const Forward& forward, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
                               kit::TrainState& state, kit::Checkpoints& checkpoints,
                               kit::Metrics& metrics, int64_t max_steps, double clip_grad) {
@@ -44,7 +47,7 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   for (kit::Batch batch : loader.from(first)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(input), target);
+    auto loss = kit::lm_loss(forward(input), target);
     loss.backward();
     // --clip-grad: the gradient's global L2 norm at most clip_grad. Under DDP backward returns
     // only when every bucket's average has arrived, so every rank clips the same gradient alike.
@@ -122,12 +125,16 @@ int main(int argc, char** argv) {
   // TODO 7: Hand test_sampler to the test loader.
   Loader test_loader(test_data, args.eval_batch_size);
 
-  kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));
+  kit::TransformerLM model(kit::lm_options(args, corpus.vocab.size()));
   model->to(device);
+  // Training calls the model through `forward`, as Python calls model(x).
+  Forward forward = [&](const torch::Tensor& x) { return model->forward(x); };
   // TODO 8: Wrap the model in kit::DistributedDataParallel. Each rank initialised its weights at
   //         random; the wrapper copies rank 0's weights to all ranks, then averages the gradients
-  //         of all ranks in every backward pass, so that all copies stay identical. The wrapper
-  //         must stay alive for the whole training.
+  //         of all ranks in the backward of every forward that went through it, so that all copies
+  //         stay identical. So send `forward` through it (ddp.forward(x): Python's ddp_model(x)); a
+  //         backward of model->forward(x) would not be averaged. The wrapper must stay alive for
+  //         the whole training.
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
 
   // Jobs hit time limits and nodes fail: a run folder with a checkpoint continues from it.
@@ -140,8 +147,8 @@ int main(int argc, char** argv) {
     const int64_t epoch = state.epoch;
     // TODO 9: Tell train_sampler which epoch starts. Its shuffle is seeded with seed + epoch; without
     //         this call every epoch visits the samples in the same order.
-    torch::Tensor train_mean = train_one_epoch(model, train_loader, optimizer, device, state,
-                                               checkpoints, metrics, args.max_steps,
+    torch::Tensor train_mean = train_one_epoch(model, forward, train_loader, optimizer, device,
+                                               state, checkpoints, metrics, args.max_steps,
                                                args.clip_grad);
     if (state.stopped) break;
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0

@@ -119,14 +119,19 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
-        // TODO 7:
-        auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
-                    static_cast<double>(micro);
+        // One micro-batch: forward, backward; its gradients add up in .grad.
+        auto forward_backward = [&] {
+          // TODO 7:
+          auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
+                      static_cast<double>(micro);
+          loss.backward();
+          step_loss += loss.detach();
+        };
         // TODO 15: Every backward under DDP averages the gradients over the ranks. With K micro-batches
         //          only the last one needs to: run the others inside ddp.no_sync() (kit/ddp/ddp.h), and
-        //          the last backward averages the sum of all K at once.
-        loss.backward();
-        step_loss += loss.detach();
+        //          the last backward averages the sum of all K at once. The guard is read by the
+        //          forward, as in PyTorch: a micro-batch's forward and its backward both go inside.
+        forward_backward();
       }
       optimizer.step();
       total += step_loss;

@@ -7,6 +7,7 @@
 // Work through the TODOs in order; `./kit check 01` tells you which ones already work.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 
 #include <torch/torch.h>          // tensors, autograd, optimizers
@@ -21,10 +22,12 @@
 #include "kit/runtime/distributed.h"  // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
+// The training forward, input -> logits: in Python, `model(x)` (main() says which one it is).
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // One pass over the training data (or the rest of it, after a resume). Returns the mean training
 // loss of the pass. Stops early, with state.stopped set, when the job is asked to stop.
-torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
+torch::Tensor train_one_epoch(kit::TransformerLM& model, const Forward& forward, const Loader& loader,
                               torch::optim::Optimizer& optimizer, torch::Device device,
                               kit::TrainState& state, kit::Checkpoints& checkpoints,
                               kit::Metrics& metrics, int64_t max_steps, double clip_grad) {
@@ -44,7 +47,7 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader,
   for (kit::Batch batch : loader.from(first)) {
     auto input = batch.input.to(device), target = batch.target.to(device);
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(input), target);
+    auto loss = kit::lm_loss(forward(input), target);
     loss.backward();
     // --clip-grad: the gradient's global L2 norm at most clip_grad. Under DDP backward returns
     // only when every bucket's average has arrived, so every rank clips the same gradient alike.
@@ -107,9 +110,12 @@ int main(int argc, char** argv) {
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
-  kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));
+  kit::TransformerLM model(kit::lm_options(args, corpus.vocab.size()));
   model->to(device);
-  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients
+  // Training calls the model through `forward`, as Python calls model(x).
+  Forward forward = [&](const torch::Tensor& x) { return model->forward(x); };
+  kit::DistributedDataParallel ddp(model);  // rank 0's weights everywhere
+  forward = [&](const torch::Tensor& x) { return ddp.forward(x); };  // its backward averages
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
 
   // Jobs hit time limits and nodes fail: a run folder with a checkpoint continues from it.
@@ -121,8 +127,8 @@ int main(int argc, char** argv) {
   while (state.epoch < args.epochs) {
     const int64_t epoch = state.epoch;
     train_sampler.set_epoch(epoch);
-    torch::Tensor train_mean = train_one_epoch(model, train_loader, optimizer, device, state,
-                                               checkpoints, metrics, args.max_steps,
+    torch::Tensor train_mean = train_one_epoch(model, forward, train_loader, optimizer, device,
+                                               state, checkpoints, metrics, args.max_steps,
                                                args.clip_grad);
     if (state.stopped) break;
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0

@@ -161,29 +161,35 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
-        //@ todo 7
-        auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
-                    static_cast<double>(micro);
-        //@ solution
-        // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
-        // to every rank first (DDP's broadcast_buffers, on by default), then model->forward.
-        auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
-                    static_cast<double>(micro);
-        //@ end
+        // One micro-batch: forward, backward; its gradients add up in .grad.
+        auto forward_backward = [&] {
+          //@ todo 7
+          auto loss = torch::nn::functional::cross_entropy(model->forward(inputs[k]), targets[k]) /
+                      static_cast<double>(micro);
+          //@ solution
+          // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
+          // to every rank first (DDP's broadcast_buffers, on by default), then model->forward;
+          // and the backward of this forward is the one DDP averages.
+          auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
+                      static_cast<double>(micro);
+          //@ end
+          loss.backward();
+          step_loss += loss.detach();
+        };
         //@ todo 15
         //@ | Every backward under DDP averages the gradients over the ranks. With K micro-batches
         //@ | only the last one needs to: run the others inside ddp.no_sync() (kit/ddp/ddp.h), and
-        //@ | the last backward averages the sum of all K at once.
-        loss.backward();
+        //@ | the last backward averages the sum of all K at once. The guard is read by the
+        //@ | forward, as in PyTorch: a micro-batch's forward and its backward both go inside.
+        forward_backward();
         //@ solution
         if (k + 1 < micro) {
-          auto quiet = ddp.no_sync();  // only adds to this rank's .grad
-          loss.backward();
+          auto quiet = ddp.no_sync();  // forward and backward: only adds to this rank's .grad
+          forward_backward();
         } else {
-          loss.backward();  // the step's one all-reduce, of the accumulated gradients
+          forward_backward();  // the step's one all-reduce, of the accumulated gradients
         }
         //@ end
-        step_loss += loss.detach();
       }
       optimizer.step();
       total += step_loss;

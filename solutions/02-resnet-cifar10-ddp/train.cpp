@@ -106,17 +106,22 @@ int main(int argc, char** argv) {
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
-        // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
-        // to every rank first (DDP's broadcast_buffers, on by default), then model->forward.
-        auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
-                    static_cast<double>(micro);
-        if (k + 1 < micro) {
-          auto quiet = ddp.no_sync();  // only adds to this rank's .grad
+        // One micro-batch: forward, backward; its gradients add up in .grad.
+        auto forward_backward = [&] {
+          // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics
+          // to every rank first (DDP's broadcast_buffers, on by default), then model->forward;
+          // and the backward of this forward is the one DDP averages.
+          auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /
+                      static_cast<double>(micro);
           loss.backward();
+          step_loss += loss.detach();
+        };
+        if (k + 1 < micro) {
+          auto quiet = ddp.no_sync();  // forward and backward: only adds to this rank's .grad
+          forward_backward();
         } else {
-          loss.backward();  // the step's one all-reduce, of the accumulated gradients
+          forward_backward();  // the step's one all-reduce, of the accumulated gradients
         }
-        step_loss += loss.detach();
       }
       optimizer.step();
       total += step_loss;

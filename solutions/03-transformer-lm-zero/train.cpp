@@ -36,7 +36,7 @@
 #include "kit/data/wikitext.h"             // load_wikitext2(), LanguageModelDataset: the data
 #include "kit/sharding/zero.h"             // ZeroOptimizer: AdamW's state, then the gradients, sharded
 #include "kit/sharding/zero3.h"            // FullyShardedModel: the weights sharded too
-#include "kit/sharding/zero_checkpoint.h"  // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
+#include "kit/train/zero_checkpoint.h"     // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
-  kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));
+  kit::TransformerLM model(kit::lm_options(args, corpus.vocab.size()));
   model->to(device);
   // The model's units (ZeRO-3 shards each on its own): the check computes the formula from them.
   std::string units;
@@ -198,9 +198,10 @@ int main(int argc, char** argv) {
   std::optional<kit::FullyShardedModel> sharded;
   Trainer trainer;
   trainer.forward = [&](const torch::Tensor& x) { return model->forward(x); };
-  if (zero_stage == 0) {  // DDP, exercise 01's way
+  if (zero_stage == 0) {  // DDP, exercise 01's way: the forward through the wrapper
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
+    trainer.forward = [&](const torch::Tensor& x) { return ddp->forward(x); };
   }
   if (zero_stage == 1)
     zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});

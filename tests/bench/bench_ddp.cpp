@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
   const bool distributed = world_size > 1;
   const bool use_ddp = args.ddp == "on" || (args.ddp == "auto" && distributed);
 
-  kit::TransformerLM model(kit::TransformerLMOptions::from(train, vocab));
+  kit::TransformerLM model(kit::lm_options(train, vocab));
   model->to(device);
   model->train();
 
@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
     double c0 = process_cpu_ms();
     auto t0 = Clock::now();
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(input), target);
+    auto loss = kit::lm_loss(ddp ? ddp->forward(input) : model->forward(input), target);
     sync();
     double f = ms_since(t0);
     auto t1 = Clock::now();

@@ -1,4 +1,4 @@
-// Gradient clipping by global norm (--clip-grad; kit/train/clip.h) under DDP and ZeRO-1/2/3,
+// Gradient clipping by global norm (--clip-grad; kit/sharding/clip.h) under DDP and ZeRO-1/2/3,
 // against one process that clips the same averaged gradient with torch::nn::utils::clip_grad_norm_.
 //
 // The reference trains rank 0's initial weights on the whole global batch: with equal shares of
@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kit/train/clip.h"             // clip_shard_grads_, check_max_grad_norm
+#include "kit/sharding/clip.h"             // clip_shard_grads_, check_max_grad_norm
 #include "kit/runtime/process_group.h"  // local_groups
 #include "kit/sharding/sharding.h"      // ShardLayout
 #include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss

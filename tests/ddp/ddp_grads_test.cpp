@@ -90,8 +90,11 @@ std::vector<std::string> on_ranks(const std::function<void(int, kit::ProcessGrou
   return errors;
 }
 
-torch::Tensor loss_of(TwoPaths& model, const torch::Tensor& x, bool use_b) {
-  return model->forward(x, use_b).pow(2).mean();
+// The loss of a step; under DDP its forward goes through the wrapper (ddp), as a trainer's must.
+torch::Tensor loss_of(TwoPaths& model, const torch::Tensor& x, bool use_b,
+                      kit::DistributedDataParallel* ddp = nullptr) {
+  auto out = [&] { return model->forward(x, use_b); };
+  return (ddp ? ddp->forward_with(out) : out()).pow(2).mean();
 }
 
 // A gradient as a tensor: an undefined one (no gradient at all) counts as zeros, which is how an
@@ -107,11 +110,11 @@ struct Step {
 };
 
 void train(TwoPaths& model, const std::function<torch::Tensor(int)>& batch, bool set_to_none,
-           std::vector<Step>& steps) {
+           std::vector<Step>& steps, kit::DistributedDataParallel* ddp = nullptr) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < kSteps; ++s) {
     optimizer.zero_grad(set_to_none);
-    loss_of(model, batch(s), kUseB[s]).backward();
+    loss_of(model, batch(s), kUseB[s], ddp).backward();
     Step out;
     for (auto& p : model->parameters()) {
       out.grads.push_back(dense(p.grad(), p));
@@ -167,7 +170,7 @@ TEST_P(PartialGradients, ParameterSkippedInStepTwoGetsNoGradientThere) {
     o.find_unused_parameters = true;  // b sits out step 2
     if (!c.one_bucket) o.first_bucket_bytes = o.bucket_cap_bytes = 1;  // one per parameter
     kit::DistributedDataParallel ddp(models[r], o);
-    train(models[r], [r](int s) { return shard(s, r); }, c.set_to_none, got[r]);
+    train(models[r], [r](int s) { return shard(s, r); }, c.set_to_none, got[r], &ddp);
     EXPECT_EQ(ddp.stats().steps, kSteps) << "rank " << r;
     EXPECT_EQ(ddp.buckets().size(), c.one_bucket ? 1u : 4u) << "rank " << r;
   });
@@ -331,8 +334,10 @@ TORCH_MODULE(ThreeLayers);
 const std::vector<std::string> kNames = {"first.weight", "first.bias", "second.weight",
                                          "second.bias", "third.weight", "third.bias"};
 
-torch::Tensor loss_of(ThreeLayers& m, const torch::Tensor& x, bool swap = false) {
-  return m->forward(x, swap).pow(2).mean();
+torch::Tensor loss_of(ThreeLayers& m, const torch::Tensor& x, bool swap = false,
+                      kit::DistributedDataParallel* ddp = nullptr) {
+  auto out = [&] { return m->forward(x, swap); };
+  return (ddp ? ddp->forward_with(out) : out()).pow(2).mean();
 }
 
 // Models that all start from one set of weights (rank 0's and the reference's).
@@ -374,7 +379,7 @@ TEST(DDPGradients, GradIsAWindowOnItsBucket) {
       sgd.zero_grad(/*set_to_none=*/s == 0);
       if (s > 0)  // zero_grad(false) zeroed the windows in place
         for (auto& p : params) EXPECT_EQ(p.grad().abs().max().item<float>(), 0.0f);
-      loss_of(models[r], shard(s, r)).backward();
+      loss_of(models[r], shard(s, r), false, &ddp).backward();
       ASSERT_GE(ddp.buckets().size(), 2u);
       for (auto& bucket : ddp.buckets()) {
         const auto& head = params[bucket[0]].grad();
@@ -434,7 +439,7 @@ TEST(DDPBuckets, RebuiltInRankZerosArrivalOrderAfterTheFirstStep) {
     for (int s = 0; s < kSteps; ++s) {
       sgd.zero_grad();
       order.seen.clear();
-      loss_of(models[r], shard(s, r), /*swap=*/r == 0).backward();
+      loss_of(models[r], shard(s, r), /*swap=*/r == 0, &ddp).backward();
       if (s == 0) arrived[r] = order.seen;
       sgd.step();
     }
@@ -474,7 +479,7 @@ TEST(DDPBuckets, AfterBackwardModeKeepsItsBuckets) {
   auto errors = on_ranks([&](int r, kit::ProcessGroup& g) {
     kit::DistributedDataParallel ddp(models[r], options(g, false, 1));
     const auto layout = ddp.buckets();
-    for (int s = 0; s < 2; ++s) loss_of(models[r], shard(s, r)).backward();
+    for (int s = 0; s < 2; ++s) loss_of(models[r], shard(s, r), false, &ddp).backward();
     EXPECT_EQ(ddp.buckets(), layout);
     EXPECT_FALSE(ddp.stats().rebuilt);
     EXPECT_EQ(g.collectives(), 1 + 2 * static_cast<int64_t>(layout.size())) << "no broadcast of an order";
@@ -519,7 +524,7 @@ TEST_P(ZeroGradAndOptimizers, TrainLikeOneProcess) {
     auto mine = optimizer_for(c.adamw, models[r]);
     for (int s = 0; s < kSteps; ++s) {
       zero(c.zero, *mine, models[r]);
-      loss_of(models[r], shard(s, r)).backward();
+      loss_of(models[r], shard(s, r), false, &ddp).backward();
       mine->step();
     }
   });
@@ -579,10 +584,11 @@ TEST(DDPCheckpoints, HoldWhatAPlainRunHoldsAndLoadBack) {
   std::filesystem::create_directories(dir / "ddp");
   auto models = same_models(kRanks + 1);
   ThreeLayers reference = models.back();
-  auto train = [](ThreeLayers& m, torch::optim::Optimizer& opt, const std::function<torch::Tensor(int)>& x) {
+  auto train = [](ThreeLayers& m, torch::optim::Optimizer& opt, const std::function<torch::Tensor(int)>& x,
+                  kit::DistributedDataParallel* ddp = nullptr) {
     for (int s = 0; s < kSteps; ++s) {
       opt.zero_grad();
-      loss_of(m, x(s)).backward();
+      loss_of(m, x(s), false, ddp).backward();
       opt.step();
     }
   };
@@ -596,7 +602,7 @@ TEST(DDPCheckpoints, HoldWhatAPlainRunHoldsAndLoadBack) {
   auto errors = on_ranks([&](int r, kit::ProcessGroup& g) {
     kit::DistributedDataParallel ddp(models[r], options(g, true, 120));
     auto opt = optimizer_for(true, models[r]);
-    train(models[r], *opt, [r](int s) { return shard(s, r); });
+    train(models[r], *opt, [r](int s) { return shard(s, r); }, &ddp);
     if (r == 0) kit::Checkpoints((dir / "ddp").string(), "test").save(models[r], *opt, state);
   });
   for (int r = 0; r < kRanks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;

@@ -130,8 +130,11 @@ struct History {
   int64_t collectives = 0;  // what the rank's group actually ran (broadcasts and all-reduces)
 };
 
-// Trains `model` for one epoch with batch `batch`, reading the shard of `sampler`.
-void train(kit::TransformerLM& model, torch::optim::Optimizer& optimizer,
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Trains `model` for one epoch with batch `batch`, reading the shard of `sampler`; the training
+// forward is `forward` (the model's own, or through its DDP wrapper).
+void train(kit::TransformerLM& model, const Forward& forward, torch::optim::Optimizer& optimizer,
            const kit::DistributedSampler& sampler, int64_t batch, History& run) {
   RecordingDataset data{&dataset(), {}};
   kit::DataLoader<RecordingDataset> loader(data, static_cast<size_t>(batch), sampler);
@@ -140,7 +143,7 @@ void train(kit::TransformerLM& model, torch::optim::Optimizer& optimizer,
   for (kit::Batch b : loader) {
     run.batches.emplace_back(data.seen.end() - b.input.size(0), data.seen.end());
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(b.input.to(device)), b.target.to(device));
+    auto loss = kit::lm_loss(forward(b.input.to(device)), b.target.to(device));
     ++run.forwards;
     loss.backward();
     ++run.backwards;
@@ -157,7 +160,8 @@ History single_process(Opt opt) {
   auto optimizer = make_optimizer(opt, model->parameters());
   kit::DistributedSampler sampler(dataset().size(), /*shuffle=*/true, kSamplerSeed, 1, 0);
   History run;
-  train(model, *optimizer, sampler, kGlobalBatch, run);
+  train(model, [&](const torch::Tensor& x) { return model->forward(x); }, *optimizer, sampler,
+        kGlobalBatch, run);
   return run;
 }
 
@@ -203,7 +207,8 @@ std::vector<History> distributed(int n, bool overlap, Opt opt, size_t first_buck
     auto optimizer = make_optimizer(opt, models[r]->parameters());
     kit::DistributedSampler sampler(dataset().size(), true, kSamplerSeed, n, r);
     sampler.set_epoch(0);
-    train(models[r], *optimizer, sampler, kGlobalBatch / n, runs[r]);
+    train(models[r], [&](const torch::Tensor& x) { return ddp.forward(x); }, *optimizer, sampler,
+          kGlobalBatch / n, runs[r]);
     runs[r].stats = ddp.stats();
     runs[r].buckets = ddp.buckets().size();
     runs[r].collectives = groups[r]->collectives();
@@ -293,14 +298,16 @@ TEST_P(Equivalence, EveryRankTrainsOnItsOwnShard) {
     EXPECT_EQ(run.stats.steps, kSteps) << "rank " << r << ": DDP did not reduce every backward";
     // Observed on the wire: the broadcast of the float32 weights at construction, then one
     // all-reduce per bucket per step, no more, no fewer; with overlap, the buckets are rebuilt
-    // after step 1 (one broadcast of rank 0's gradient order) and may change in number.
+    // after step 1 (one broadcast of rank 0's gradient order) and may change in number. And each
+    // step's forward through the wrapper broadcasts rank 0's buffers first (the positions'
+    // table), as PyTorch's broadcast_buffers does: one broadcast a step.
     const int64_t rebuild = c.overlap ? 1 : 0;
     EXPECT_EQ(run.stats.rebuilt, c.overlap) << "rank " << r;
     if (!c.overlap) EXPECT_EQ(run.first_buckets, run.buckets) << "rank " << r;
     const int64_t all_reduces = static_cast<int64_t>(run.first_buckets) +
                                 (kSteps - 1) * static_cast<int64_t>(run.buckets);
     EXPECT_EQ(run.stats.all_reduces, all_reduces) << "rank " << r;
-    EXPECT_EQ(run.collectives, 1 + all_reduces + rebuild)
+    EXPECT_EQ(run.collectives, 1 + all_reduces + rebuild + kSteps)
         << "rank " << r << ": " << run.first_buckets << " buckets in step 1, " << run.buckets
         << " after it, " << kSteps << " steps";
     ASSERT_EQ(run.batches.size(), static_cast<size_t>(kSteps));
@@ -406,7 +413,7 @@ TEST(BroadcastDtypes, Float64ParametersAndInt64BuffersSurviveBitExact) {
     o.group = groups[r].get();
     kit::DistributedDataParallel ddp(models[r], o);
     // loss = (r + 1) * sum(w^2): local gradient 2 (r + 1) w, average 2 w (n + 1) / 2.
-    auto loss = (models[r]->w * models[r]->w).sum() * double(r + 1);
+    auto loss = ddp.forward_with([&] { return (models[r]->w * models[r]->w).sum() * double(r + 1); });
     loss.backward();
     grads[r] = models[r]->w.grad().clone();
   });
@@ -442,7 +449,7 @@ TEST(DDPUnusedParameters, ByDefaultBackwardFailsNamingThem) {
     kit::DistributedDataParallel::Options o;
     o.group = groups[r].get();
     kit::DistributedDataParallel ddp(models[r], o);
-    models[r]->forward(torch::full({1, 4}, float(r + 1))).sum().backward();
+    ddp.forward(torch::full({1, 4}, float(r + 1))).sum().backward();
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_NE(errors[r].find("DistributedDataParallel: parameters 'unused.weight', 'unused.bias' "
@@ -466,7 +473,8 @@ TEST(DDPUnusedParametersDeathTest, OneLineAndExitOne) {
         kit::DistributedDataParallel::Options o;
         o.group = groups[0].get();
         kit::DistributedDataParallel ddp(model, o);
-        [&]() noexcept { (model->w * 2).sum().backward(); }();  // uncaught: std::terminate
+        // uncaught: std::terminate
+        [&]() noexcept { ddp.forward_with([&] { return (model->w * 2).sum(); }).backward(); }();
       }(),
       ::testing::ExitedWithCode(1),
       "^error: DistributedDataParallel: parameter 'idle' got no gradient in this backward[^\n]*"
@@ -506,7 +514,7 @@ TEST(DDPUnusedParameters, FindUnusedLeavesTheirGradUndefinedAndAveragesTheRest) 
       for (int step = 1; step <= 2; ++step) {
         optimizer.zero_grad();
         // rank r's input is all (r + 1): d/da = r + 1, average 1.5; d/db = 2 on rank 1, average 1.
-        models[r]->forward(torch::full({3}, float(r + 1)), r).backward();
+        ddp.forward_with([&] { return models[r]->forward(torch::full({3}, float(r + 1)), r); }).backward();
         grads[r] = {models[r]->a.grad(), models[r]->b.grad(), models[r]->c.grad()};
         EXPECT_TRUE(grads[r][0].defined() && torch::allclose(grads[r][0], torch::full({3}, 1.5f)))
             << "rank " << r << ", step " << step;
@@ -573,7 +581,7 @@ TEST(DDPReadyTwice, SecondGradientInOneBackwardIsAnErrorNamingTheParameter) {
     kit::DistributedDataParallel::Options o;
     o.group = groups[r].get();
     kit::DistributedDataParallel ddp(models[r], o);
-    models[r]->forward(torch::full({2}, 3.0f)).backward();
+    ddp.forward(torch::full({2}, 3.0f)).backward();
   });
   for (int r = 0; r < n; ++r)
     EXPECT_NE(errors[r].find("DistributedDataParallel: parameter 'w' got its gradient twice in one "
@@ -672,13 +680,17 @@ TEST(DDPNoSync, AccumulatedMicroBatchesMatchTheWholeBatch) {
       for (int k = 0; k < micro; ++k) {
         auto x = b.input.narrow(0, k * part, part), y = b.target.narrow(0, k * part, part);
         // Each micro-batch's mean loss, scaled so that the sum is the mean over the rank's batch.
-        auto loss = kit::lm_loss(models[r]->forward(x), y) / micro;
+        // Forward and backward inside the guard: the forward is what reads it (PyTorch's rule).
         if (k + 1 < micro) {
           auto quiet = ddp.no_sync();
+          // The forward may broadcast the buffers (at a step's first micro-batch, as PyTorch's);
+          // the backward must not communicate.
+          auto loss = kit::lm_loss(ddp.forward(x), y) / micro;
+          const int64_t before_backward = groups[r]->collectives();
           loss.backward();
-          EXPECT_EQ(groups[r]->collectives(), calls_before) << "no_sync backward communicated";
+          EXPECT_EQ(groups[r]->collectives(), before_backward) << "no_sync backward communicated";
         } else {
-          loss.backward();
+          (kit::lm_loss(ddp.forward(x), y) / micro).backward();
         }
       }
       EXPECT_GT(groups[r]->collectives(), calls_before) << "the last micro-batch did not reduce";
@@ -698,6 +710,229 @@ TEST(DDPNoSync, AccumulatedMicroBatchesMatchTheWholeBatch) {
     }
 }
 
+
+// PyTorch reads no_sync() at the FORWARD (its forward calls prepare_for_backward, or not): so do
+// the kit's. Rank r's input is all (r + 1), so d(sum(W x + b))/dW is (r + 1) everywhere on rank
+// r, and its average over 2 ranks 1.5.
+std::vector<torch::nn::Linear> two_linears() {
+  torch::manual_seed(3);
+  return {torch::nn::Linear(3, 2), torch::nn::Linear(3, 2)};
+}
+
+// The old idiom: a forward outside the guard, its backward inside. PyTorch averages that backward
+// (the forward prepared it), and so does the kit; and a forward inside the guard with its
+// backward outside stays local.
+TEST(DDPNoSync, TheGuardIsReadByTheForwardAsInPyTorch) {
+  const int n = 2;
+  auto models = two_linears();
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+  std::vector<torch::Tensor> averaged(n), local(n);
+  std::vector<int64_t> averaged_calls(n), local_calls(n);
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    const auto x = torch::full({1, 3}, float(r + 1));
+    int64_t before = groups[r]->collectives();
+    auto out = ddp.forward(x).sum();  // outside the guard: prepares an averaged backward
+    {
+      auto quiet = ddp.no_sync();
+      out.backward();
+    }
+    averaged_calls[r] = groups[r]->collectives() - before;
+    averaged[r] = models[r]->weight.grad().clone();
+    models[r]->zero_grad();
+    before = groups[r]->collectives();
+    torch::Tensor out2;
+    {
+      auto quiet = ddp.no_sync();
+      out2 = ddp.forward(x).sum();  // inside the guard: prepares a local backward
+    }
+    out2.backward();
+    local_calls[r] = groups[r]->collectives() - before;
+    local[r] = models[r]->weight.grad().clone();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_GT(averaged_calls[r], 0) << "rank " << r << ": the forward outside no_sync() did not "
+                                    << "prepare an averaged backward";
+    EXPECT_TRUE(torch::allclose(averaged[r], torch::full({2, 3}, 1.5f))) << averaged[r];
+    EXPECT_EQ(local_calls[r], 0) << "rank " << r << ": a forward inside no_sync() was averaged";
+    EXPECT_TRUE(torch::equal(local[r], torch::full({2, 3}, float(r + 1)))) << local[r];
+  }
+}
+
+// A backward whose forward went around the wrapper: PyTorch's DDP does not average it, silently,
+// and the replicas drift apart. The kit refuses it on every rank, naming a parameter and the
+// fix, before any collective; the same DDP object then works through ddp.forward.
+TEST(DDPForward, ABackwardOfAForwardAroundTheWrapperIsRefused) {
+  const int n = 2;
+  auto models = two_linears();
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+  std::vector<std::string> refused(n);
+  std::vector<int64_t> calls(n);
+  std::vector<torch::Tensor> after(n);
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    const auto x = torch::full({1, 3}, float(r + 1));
+    const int64_t before = groups[r]->collectives();
+    try {
+      models[r]->forward(x).sum().backward();
+    } catch (const c10::Error& e) {
+      refused[r] = e.what_without_backtrace();
+    }
+    calls[r] = groups[r]->collectives() - before;
+    models[r]->zero_grad();
+    ddp.forward(x).sum().backward();
+    after[r] = models[r]->weight.grad().clone();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(refused[r].rfind("DistributedDataParallel: a backward reached parameter '", 0), 0u)
+        << "rank " << r << ": " << refused[r];
+    EXPECT_NE(refused[r].find("PyTorch's DDP would not average these gradients"), std::string::npos)
+        << refused[r];
+    EXPECT_NE(refused[r].find("ddp.forward(x)"), std::string::npos) << refused[r];
+    EXPECT_EQ(refused[r].find('\n'), std::string::npos) << "not one line: " << refused[r];
+    EXPECT_EQ(calls[r], 0) << "rank " << r << ": the refused backward communicated";
+    EXPECT_TRUE(torch::allclose(after[r], torch::full({2, 3}, 1.5f))) << after[r];
+  }
+}
+
+// broadcast_buffers with gradient accumulation: with the forwards inside no_sync(), rank 0's
+// buffers are copied once per averaged step (at its first micro-batch), as PyTorch does; not at
+// every micro-batch, which is what forwards outside the guard would do.
+TEST(DDPBuffers, OncePerAveragedStepWhenTheForwardsAreInsideNoSync) {
+  const int n = 2, micro = 3;
+  std::vector<Probe> models{Probe(0), Probe(1)};
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    for (int step = 0; step < 2; ++step)
+      for (int k = 0; k < micro; ++k) {
+        if (k + 1 < micro) {
+          auto quiet = ddp.no_sync();
+          ddp.forward(torch::ones({1})).sum().backward();
+        } else {
+          ddp.forward(torch::ones({1})).sum().backward();
+        }
+      }
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_EQ(models[0]->seen, (std::vector<float>{0, 1, 2, 3, 4, 5}));
+  // Rank 1 moves by 2 a forward and takes rank 0's value at each step's first micro-batch only.
+  EXPECT_EQ(models[1]->seen, (std::vector<float>{0, 2, 4, 3, 5, 7}));
+}
+
+// find_unused_parameters counts the no_sync() micro-steps, as PyTorch's local_used_map: b is
+// used on rank 1 in the first micro-batch only (inside no_sync()), by no rank in the second. Both
+// ranks must end the step with b's averaged gradient and step it alike. (Counting only the
+// averaged backward, rank 1 kept its own gradient of b and rank 0 none: AdamW moved b on rank 1
+// only, and the replicas drifted apart.)
+struct SwitchImpl : torch::nn::Module {
+  torch::Tensor a, b;
+  SwitchImpl() {
+    a = register_parameter("a", torch::ones({3}));
+    b = register_parameter("b", torch::ones({3}));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_b) {
+    return use_b ? (x * a).sum() + (x * b).sum() : (x * a).sum();
+  }
+};
+TORCH_MODULE(Switch);
+
+TEST(DDPUnusedParameters, AUseInAnEarlierMicroBatchOnOneRankKeepsTheReplicasEqual) {
+  const int n = 2;
+  for (bool overlap : {true, false}) {
+    std::vector<Switch> models{Switch(), Switch()};
+    auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+    std::vector<torch::Tensor> grad_b(n), grad_a(n);
+    auto errors = on_every_rank(n, [&](int r) {
+      kit::DistributedDataParallel::Options o;
+      o.group = groups[r].get();
+      o.overlap = overlap;
+      o.find_unused_parameters = true;
+      kit::DistributedDataParallel ddp(models[r], o);
+      torch::optim::AdamW optimizer(models[r]->parameters(),
+                                    torch::optim::AdamWOptions(0.1).weight_decay(0.5));
+      const auto x = torch::full({3}, float(r + 1));
+      optimizer.zero_grad();
+      {
+        auto quiet = ddp.no_sync();
+        ddp.forward_with([&] { return models[r]->forward(x, /*use_b=*/r == 1); }).backward();
+      }
+      ddp.forward_with([&] { return models[r]->forward(x, /*use_b=*/false); }).backward();
+      grad_a[r] = models[r]->a.grad().defined() ? models[r]->a.grad().clone() : torch::Tensor();
+      grad_b[r] = models[r]->b.grad().defined() ? models[r]->b.grad().clone() : torch::Tensor();
+      optimizer.step();
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(errors[r], "") << "rank " << r;
+      // a: (r + 1) per micro-batch, two of them: 2 and 4, average 3. b: 2 on rank 1, average 1.
+      EXPECT_TRUE(grad_a[r].defined() && torch::allclose(grad_a[r], torch::full({3}, 3.0f)))
+          << "overlap " << overlap << ", rank " << r;
+      EXPECT_TRUE(grad_b[r].defined() && torch::allclose(grad_b[r], torch::full({3}, 1.0f)))
+          << "overlap " << overlap << ", rank " << r << ": b's gradient "
+          << (grad_b[r].defined() ? "is not the average" : "is undefined");
+    }
+    EXPECT_TRUE(torch::equal(models[0]->b.detach(), models[1]->b.detach()))
+        << "overlap " << overlap << ": the replicas of b differ: " << models[0]->b << " vs "
+        << models[1]->b;
+  }
+}
+
+// A gradient hook that fires without a gradient is not a use (PyTorch: "hooks can be fired with
+// undefined grads"): c is an input of a function that gives it no gradient, on every rank, so
+// under find_unused_parameters c.grad stays undefined and AdamW's weight decay leaves c alone.
+struct NoGradientFor : torch::autograd::Function<NoGradientFor> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x,
+                               const torch::Tensor& c) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grad) {
+    return {grad[0], torch::Tensor()};
+  }
+};
+
+struct SkipsImpl : torch::nn::Module {
+  torch::Tensor a, c;
+  SkipsImpl() {
+    a = register_parameter("a", torch::ones({3}));
+    c = register_parameter("c", torch::ones({3}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return NoGradientFor::apply(x * a, c).sum(); }
+};
+TORCH_MODULE(Skips);
+
+TEST(DDPUnusedParameters, AHookWithoutAGradientIsNotAUse) {
+  const int n = 2;
+  std::vector<Skips> models{Skips(), Skips()};
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+  std::vector<bool> c_grad(n, true);
+  auto errors = on_every_rank(n, [&](int r) {
+    kit::DistributedDataParallel::Options o;
+    o.group = groups[r].get();
+    o.find_unused_parameters = true;
+    kit::DistributedDataParallel ddp(models[r], o);
+    torch::optim::AdamW optimizer(models[r]->parameters(),
+                                  torch::optim::AdamWOptions(0.1).weight_decay(0.5));
+    optimizer.zero_grad();
+    ddp.forward(torch::full({3}, float(r + 1))).backward();
+    c_grad[r] = models[r]->c.grad().defined();
+    optimizer.step();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_FALSE(c_grad[r]) << "rank " << r << ": c got a gradient from a hook that had none";
+    EXPECT_TRUE(torch::equal(models[r]->c.detach(), torch::ones({3})))
+        << "rank " << r << ": c moved to " << models[r]->c;
+  }
+}
 
 // Batch norm under DDP (exercise 02). In training mode a batch-norm layer normalises with the
 // statistics of the batch it is given, and each rank is given only its own b images. So N ranks
@@ -756,7 +991,8 @@ TEST(DDPBatchNorm, NRanksEqualOneProcessAccumulatingMicroBatches) {
     auto optimizer = make_optimizer(Opt::SGD, models[r]->parameters());
     for (int64_t s = 0; s < steps; ++s) {
       optimizer->zero_grad();
-      loss_of(models[r], part(images, s, r), part(labels, s, r)).backward();
+      const auto x = part(images, s, r), y = part(labels, s, r);
+      torch::nn::functional::cross_entropy(ddp.forward(x), y).backward();
       optimizer->step();
       params[r].push_back(snapshot(*models[r]));
       if (s == 0) stem_after_1[r] = stem_mean(models[r]);

@@ -28,7 +28,7 @@
 #include "kit/sharding/zero.h"             // ZeroOptimizer: stages 1 and 2
 #include "kit/sharding/zero3.h"            // FullyShardedModel: stage 3
 #include "tiny_lm.h"                       // kit_test::tiny_lm (tests/support)
-#include "kit/sharding/zero_checkpoint.h"  // save_zero_checkpoint, load_zero_checkpoint
+#include "kit/train/zero_checkpoint.h"  // save_zero_checkpoint, load_zero_checkpoint
 #include "kit/train/checkpoint.h"          // Checkpoints::save_sharded: refuses a save without shards
 #include "zero_runs.h"                     // kit_bench::train: N ranks at a stage (common/bench)
 
@@ -451,7 +451,7 @@ MLPRun train_mlp(bool zero3, int n, bool recompute, double dropout = 0.0) {
       x = x.narrow(0, r * rows, rows);
       y = y.narrow(0, r * rows, rows);
       torch::manual_seed(900 + 10 * k + r);  // dropout: each rank its own masks, the same in both runs
-      auto loss = torch::mse_loss(sharded ? sharded->forward(x) : models[r]->forward(x), y);
+      auto loss = torch::mse_loss(sharded ? sharded->forward(x) : ddp->forward(x), y);
       loss.backward();
       if (sharded) { sharded->step(); sharded->zero_grad(); }
       else { torch_adamw->step(); torch_adamw->zero_grad(); }

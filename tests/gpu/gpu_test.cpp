@@ -277,14 +277,15 @@ struct Trained {
 
 // Trains `model` (already on its device) on `batches` with SGD; ddp may be null.
 void train(kit::TransformerLM& model, const std::vector<torch::Tensor>& batches,
-           const kit::DistributedDataParallel* ddp, Trained& out) {
+           kit::DistributedDataParallel* ddp, Trained& out) {
   const torch::Device dev = model->parameters().front().device();
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   model->train();
   for (const auto& batch : batches) {
     auto b = batch.to(dev);
     optimizer.zero_grad();
-    auto loss = kit::lm_loss(model->forward(b.narrow(1, 0, kSeqLen)), b.narrow(1, 1, kSeqLen));
+    const auto input = b.narrow(1, 0, kSeqLen);  // under DDP through the wrapper, as a trainer
+    auto loss = kit::lm_loss(ddp ? ddp->forward(input) : model->forward(input), b.narrow(1, 1, kSeqLen));
     loss.backward();
     optimizer.step();
     out.losses.push_back(loss.item<double>());

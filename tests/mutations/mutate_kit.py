@@ -130,7 +130,7 @@ BUGS = [
      "  b.optimizer = 8 * (stage >= 1 ? shard : P);",
      "  b.optimizer = 8 * (stage >= 2 ? shard : P);",
      ["unit"], "the ZeRO formula keeps ZeRO-1's optimizer state whole"),
-    ("write-without-fsync", "common/kit/train/files.cpp",
+    ("write-without-fsync", "common/kit/runtime/files.cpp",
      "  if (write_error == 0 && ::fsync(fd) != 0) write_error = errno;\n",
      "",
      ["faults"], "checkpoint files are renamed into place without an fsync"),

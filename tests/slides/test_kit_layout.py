@@ -7,6 +7,9 @@ naming the file and line, when
   * a page or a rule names a source that way (`common/kit/zero.cpp`);
   * a new folder has no line in the table, a header of a folder is not described, a source lies
     outside the folders, or the table's "first included by" column is stale;
+  * a source of common/kit/ includes a folder that is not below its own (the model including the
+    flags of train/, the runtime including train/, sharding including ddp's peer... as the
+    library had it before its layers were ordered), or a new folder has no layer;
 and that `kit/compat.h`, which stays at the top, and a folder-qualified path pass.
 
 usage: test_kit_layout.py SOURCE_DIR WORK_DIR
@@ -81,6 +84,25 @@ def main(src, work):
     expect(rc == 1 and "common/kit/loose.cpp: a source outside the folders" in out,
            "a source outside the folders fails")
     os.remove(os.path.join(work, "common/kit/loose.cpp"))
+    with_edit(work, "common/kit/models/transformer_lm.h", "#pragma once\n",
+              '#pragma once\n#include "kit/train/args.h"\n',
+              "common/kit/models/transformer_lm.h:", "includes kit/train/args.h", "not below models/",
+              why="the model including train/'s flags fails, naming the file, line and folders")
+    with_edit(work, "common/kit/runtime/distributed.cpp", '#include "kit/runtime/files.h"',
+              '#include "kit/train/files.h"', "common/kit/runtime/distributed.cpp:",
+              "not below runtime/", why="the runtime including train/ fails")
+    with_edit(work, "common/kit/data/data_loader.h", "#pragma once\n",
+              '#pragma once\n#include "kit/models/resnet.h"\n', "not below data/",
+              why="a peer of the same layer (data/ including models/) fails")
+    with_edit(work, "common/kit/ddp/ddp.h", "#pragma once\n",
+              '#pragma once\n#include "kit/check/trace.h"\n', "check/ only through",
+              why="a folder including check/ other than its seam (observe.h) fails")
+    os.makedirs(os.path.join(work, "common/kit/tensor"))
+    open(os.path.join(work, "common/kit/tensor/layers.h"), "w").write("#pragma once\n")
+    rc, out = check(work)
+    expect(rc == 1 and "common/kit/tensor/: a folder with no layer in LAYERS" in out,
+           "a new folder without its layer fails")
+    shutil.rmtree(os.path.join(work, "common/kit/tensor"))
     sol = "solutions/00-collectives/collectives.cpp"
     with_edit(work, sol, '#include "kit/train/args.h"', '#include "kit/runtime/env.h"',
               "the folder table is not what kit_layout.py renders",

@@ -97,7 +97,7 @@ class FolderWatch {
 // ---------------------------------------------------------------------------------------------
 
 // save0 on 2 ranks, rank 0 arriving 1.5 s late. The file system must have seen exactly one write
-// of model.pt: rank 0's temporary file, renamed once (kit/train/files.h), and nothing else. Every
+// of model.pt: rank 0's temporary file, renamed once (kit/runtime/files.h), and nothing else. Every
 // rank must find, the moment save0 returns, the complete file holding rank 0's values (1): a rank
 // that returns before rank 0 wrote finds no file, and a file written by every rank shows either in
 // the renames or, when rank 0 is not the last to rename, in the content.

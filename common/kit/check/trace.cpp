@@ -23,7 +23,7 @@ struct Sink {
     name = rank ? std::string("rank") + rank : "pid" + std::to_string(getpid());
     file = std::fopen((dir + "/" + name + ".trace").c_str(), "a");
     // Who this rank is to the operating system: the checker maps the pid in the temporary
-    // names of the files the run wrote (kit/train/files.h) back to a rank.
+    // names of the files the run wrote (kit/runtime/files.h) back to a rank.
     if (file) std::fprintf(file, "process pid=%d\n", static_cast<int>(getpid()));
   }
 };

@@ -76,6 +76,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   Options options;
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;                // of each parameter, for the errors
+  std::string made_at;                           // the trainer's line that made the wrapper
   std::vector<torch::Tensor> buffers;            // what broadcast_buffers sends
   std::function<torch::Tensor(const torch::Tensor&)> call;  // the module's forward, if it has one
   bool forward_sync = true;      // PyTorch's require_forward_param_sync: broadcast at the next forward
@@ -91,7 +92,19 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<bool> ready;
   std::vector<size_t> arrived;   // the order of the gradients in the first backward (overlap only)
   size_t next_launch = 0;        // buckets start strictly in order, the same on every rank
-  bool sync = true;              // false inside no_sync(): backward stays local
+  // PyTorch's require_backward_grad_sync: false inside no_sync(). It is read by the forward, not
+  // by the backward (as PyTorch's prepare_for_backward): a forward through the wrapper with
+  // gradients on arms the reducer for the next backward (armed) or, inside no_sync(), lets it
+  // accumulate locally (local_forward). A backward whose forward did neither, e.g. one through
+  // model->forward(), is refused at its first gradient (PyTorch's DDP would skip averaging it
+  // without a word).
+  bool sync = true;
+  bool armed = false;            // the next backward averages (PyTorch's expect_autograd_hooks_)
+  bool local_forward = false;    // a forward ran inside no_sync() since the last averaged backward
+  // Parameters that got a gradient on this rank since the last averaged backward, no_sync()
+  // micro-steps included (PyTorch's local_used_map): with find_unused_parameters, a parameter
+  // used by any rank in any micro-step of the step gets the average on every rank.
+  std::vector<bool> used;
   bool finalizer_queued = false;
   Clock::time_point first_launch;
   double copy_seconds = 0;       // this step's
@@ -161,23 +174,37 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   // Makes sure parameter i's gradient is in its bucket. Usually it is already: autograd added
   // this step's gradient into the window in place, and there is nothing to do. It is not after
   // zero_grad() set .grad to none (autograd then hands over a tensor of its own), when user code
-  // replaced .grad, or for a parameter without a gradient (zeros: every rank must send something).
+  // replaced .grad, or for a parameter without a gradient: then its place holds zeros (every rank
+  // must send something) and its .grad stays undefined until finalize() decides (PyTorch's
+  // mark_variable_ready_dense and finalize_bucket_dense).
   void into_bucket(size_t i) {
     auto& grad = params[i].mutable_grad();
     const torch::Tensor& place = windows[i];
     if (grad.defined() && grad.data_ptr() == place.data_ptr()) return;
     auto start = Clock::now();
     torch::NoGradGuard no_grad;
-    if (grad.defined()) place.copy_(grad);
-    else place.zero_();
-    grad = place;  // from now on autograd accumulates in place
+    if (grad.defined()) {
+      place.copy_(grad);
+      grad = place;  // from now on autograd accumulates in place
+    } else {
+      place.zero_();
+    }
     copy_seconds += seconds_since(start);
   }
 
   // Called by autograd right after parameter i's gradient was accumulated into .grad.
   void on_gradient_ready(size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!sync) return;  // no_sync(): the gradient stays in .grad and is averaged later
+    // A hook can fire with no gradient (an output that does not reach the loss): not a use.
+    if (params[i].grad().defined()) used[i] = true;
+    if (!armed) {
+      if (local_forward) return;  // a no_sync() micro-step: the gradient stays in this rank's .grad
+      TORCH_CHECK(false, "DistributedDataParallel: a backward reached parameter '", names[i],
+                  "', but no forward through the wrapper prepared it (model->forward(x) instead "
+                  "of ddp.forward(x)?): PyTorch's DDP would not average these gradients and the "
+                  "replicas would drift apart; run the training forward through ddp.forward(x), "
+                  "as ddp_model(x) in Python (the wrapper made at ", made_at, ")");
+    }
     if (!finalizer_queued) {
       // First gradient of this backward: ask autograd to call finalize() when backward ends.
       finalizer_queued = true;
@@ -202,19 +229,15 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   // End of backward: every rank must contribute every bucket, even with a parameter that got no
   // gradient this step, or the others would wait for it forever. Such a parameter adds its .grad
   // if it has one (kept from no_sync() steps or zeroed in place), zeros otherwise, and its .grad
-  // stays as it was: it becomes the average only where another rank used it (PyTorch's
-  // find_unused_parameters). Without that option the step still completes on every rank, so that
-  // no rank waits forever for this one, and then fails naming the parameter.
+  // stays as it was: it becomes the average only where some rank used it in this step, its
+  // no_sync() micro-steps included (PyTorch's find_unused_parameters and local_used_map). Without
+  // that option the step still completes on every rank, so that no rank waits forever for this
+  // one, and then fails naming the parameter.
   void finalize() {
     std::unique_lock<std::mutex> lock(mutex);
     std::vector<size_t> unused;
-    torch::Tensor used;  // 1 per parameter that got a gradient on this rank
-    if (options.find_unused_parameters) used = torch::zeros({static_cast<int64_t>(params.size())});
     for (size_t i = 0; i < params.size(); ++i) {
-      if (ready[i]) {
-        if (used.defined()) used[static_cast<int64_t>(i)] = 1;
-        continue;
-      }
+      if (ready[i]) continue;
       unused.push_back(i);
       torch::NoGradGuard no_grad;
       if (params[i].grad().defined()) into_bucket(i);
@@ -229,12 +252,18 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     auto start = Clock::now();
     for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
     const double waited = seconds_since(start);
-    if (used.defined()) {  // one small all-reduce, as PyTorch's local_used_map
-      auto anywhere = control::all_reduce(*group, used, ReduceOp::SUM);
-      for (size_t i : unused)
-        if (anywhere[static_cast<int64_t>(i)].item<float>() > 0 && !params[i].grad().defined())
-          params[i].mutable_grad() = windows[i];
+    // A parameter still without .grad gets the average, unless find_unused_parameters knows that
+    // no rank used it in this step (then it stays undefined, so that AdamW leaves it alone).
+    std::vector<bool> anywhere(params.size(), true);
+    if (options.find_unused_parameters) {  // one small all-reduce, as PyTorch's local_used_map
+      auto mine = torch::zeros({static_cast<int64_t>(params.size())});
+      for (size_t i = 0; i < params.size(); ++i)
+        if (used[i]) mine[static_cast<int64_t>(i)] = 1;
+      auto all = control::all_reduce(*group, mine, ReduceOp::SUM);
+      for (size_t i = 0; i < params.size(); ++i) anywhere[i] = all.data_ptr<float>()[i] > 0;
     }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].grad().defined() && anywhere[i]) params[i].mutable_grad() = windows[i];
     if (gpu) done_mark = compat::record_gpu_event(params[0].device());
 
     for (auto& b : buckets) {
@@ -242,6 +271,9 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
       b.work.reset();
     }
     std::fill(ready.begin(), ready.end(), false);
+    std::fill(used.begin(), used.end(), false);
+    armed = false;
+    local_forward = false;
     next_launch = 0;
     finalizer_queued = false;
     stats.steps++;
@@ -275,9 +307,15 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
       observe::ddp_buffers(buffers.size());
     }
   }
+  // After it: a forward with gradients arms the next backward (outside no_sync()) or lets it
+  // accumulate locally (inside), as PyTorch's _post_forward; and the next forward broadcasts the
+  // buffers only after one that will be averaged, so once per averaged step.
   void after_forward() {
     std::lock_guard<std::mutex> lock(mutex);
-    forward_sync = torch::GradMode::is_enabled() && sync;
+    const bool grad = torch::GradMode::is_enabled();
+    forward_sync = grad && sync;
+    if (grad && sync) armed = true;
+    if (grad && !sync) local_forward = true;
   }
 
   // After the first backward: buckets in the order the gradients really arrived, so that each
@@ -321,9 +359,10 @@ struct GradReadyHook : torch::autograd::FunctionPostHook {
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 Options options)
+                                                 Options options, CallSite site)
     : reducer_(std::make_shared<Reducer>()) {
   Reducer& r = *reducer_;
+  r.made_at = site.str();
   if (!options.group) r.keep_group = default_group_ptr();
   r.group = options.group ? options.group : r.keep_group.get();
   r.options = options;
@@ -354,6 +393,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   r.windows.resize(r.params.size());
   r.make_buckets(assign_buckets(r.bytes, options.first_bucket_bytes, options.bucket_cap_bytes));
   r.ready.assign(r.params.size(), false);
+  r.used.assign(r.params.size(), false);
 
   // 3. One hook per parameter, on the node that accumulates its gradient.
   for (size_t i = 0; i < r.params.size(); ++i) {
@@ -390,12 +430,13 @@ void DistributedDataParallel::set_forward(std::function<torch::Tensor(const torc
 
 torch::Tensor DistributedDataParallel::forward(const torch::Tensor& input) {
   TORCH_CHECK(reducer_->call, "DistributedDataParallel::forward: the module has no "
-              "forward(Tensor) -> Tensor; call its forward yourself (no buffer broadcast then)");
-  reducer_->before_forward();
-  auto output = reducer_->call(input);
-  reducer_->after_forward();
-  return output;
+              "forward(Tensor) -> Tensor; run it through ddp.forward_with([&] { return "
+              "model->forward(...); })");
+  return forward_with([&] { return reducer_->call(input); });
 }
+
+void DistributedDataParallel::before_forward() { reducer_->before_forward(); }
+void DistributedDataParallel::after_forward() { reducer_->after_forward(); }
 
 const DDPStats& DistributedDataParallel::stats() const {
   std::lock_guard<std::mutex> lock(reducer_->mutex);

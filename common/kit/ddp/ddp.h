@@ -30,23 +30,31 @@
 // does), not with Module::load / torch::load: those re-seat the parameters, which replaces the
 // autograd nodes the hooks sit on, and gradients would silently stop being averaged.
 //
-// Python's DDP wraps the module and you call the wrapper. This one attaches to the model you
-// already have, and the gradients need nothing more: model->forward() still works. But the
-// buffers (batch norm's running statistics) need a forward: as PyTorch's default
-// broadcast_buffers=True does, ddp.forward(x) first copies rank 0's buffers to every rank, then
-// calls model->forward(x). So in training every rank's batch norm starts each forward from rank
-// 0's statistics and adds its own batch to them; model->forward(x) skips the copy, as
-// ddp.module(x) does in Python. Like PyTorch, a forward broadcasts only when the previous one
-// through the wrapper ran with gradients and outside no_sync() (the first one always does), so an
-// evaluation under NoGradGuard broadcasts once, at its first forward. ddp.forward needs the
-// module's forward(Tensor) -> Tensor; other signatures keep model->forward() and no broadcast.
+// The training forward goes through the wrapper, as in Python (ddp_model(x)): ddp.forward(x).
+// Two things happen there, as in PyTorch's DistributedDataParallel.forward:
+//  * it prepares the next backward: a forward with gradients on arms the reducer, and that
+//    backward's gradients are averaged (PyTorch's prepare_for_backward). A backward whose forward
+//    went around the wrapper (model->forward(x)) would not be averaged by PyTorch, silently; the
+//    kit stops it instead, with one line at its first gradient. Evaluation may call
+//    model->forward under NoGradGuard: nothing is prepared, and nothing needs to be.
+//  * buffers (batch norm's running statistics): as PyTorch's default broadcast_buffers=True,
+//    ddp.forward(x) first copies rank 0's buffers to every rank, then calls model->forward(x).
+//    So in training every rank's batch norm starts each step from rank 0's statistics and adds
+//    its own batch to them; model->forward(x) skips the copy, as ddp.module(x) does in Python.
+//    Like PyTorch, a forward broadcasts only when the previous one through the wrapper ran with
+//    gradients and outside no_sync() (the first one always does): once per averaged step, and
+//    an evaluation under NoGradGuard broadcasts once, at its first forward.
+// ddp.forward needs the module's forward(Tensor) -> Tensor; a forward of another signature goes
+// through ddp.forward_with([&] { return model->forward(a, b); }), which does the same around it.
 //
-// Every trainable parameter must get a gradient in every backward (outside no_sync()), or
-// backward ends with one error naming it, as PyTorch's Reducer raises; a branch taken only for
-// some inputs needs Options{.find_unused_parameters = true}. Then a parameter unused on this rank
-// adds zeros to the average, and one unused on every rank keeps its .grad as it was (undefined
-// after zero_grad()), so that weight decay and momentum do not move it as if its gradient were 0
-// (PyTorch does the same). Unlike PyTorch, which finds them by walking the graph from the output
+// Every trainable parameter must get a gradient in every averaged backward, or backward ends
+// with one error naming it, as PyTorch's Reducer raises; a branch taken only for some inputs
+// needs Options{.find_unused_parameters = true}. Then a parameter unused on this rank adds zeros
+// (or what no_sync() micro-steps accumulated) to the average, and one that no rank used in any
+// micro-step of the step keeps its .grad as it was (undefined after zero_grad()), so that weight
+// decay and momentum do not move it as if its gradient were 0 (PyTorch does the same, counting
+// the no_sync() micro-steps in its local_used_map). A hook that fires without a gradient (an
+// output that does not reach the loss) is not a use. Unlike PyTorch, which finds them by walking the graph from the output
 // at the forward, the kit finds them when backward ends: their buckets leave last. A gradient
 // hook that fires twice for one parameter in one backward (reentrant activation checkpointing,
 // two backwards through one graph) is an error naming the parameter, as in PyTorch: its bucket
@@ -96,27 +104,33 @@ class DistributedDataParallel {
   using Options = DDPOptions;
   struct Reducer;  // the hook machinery, in ddp.cpp
 
+  // `site`: where the trainer made the wrapper (filled in by the compiler), named by its errors.
   template <typename M>
-  explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {})
-      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options) {
+  explicit DistributedDataParallel(const torch::nn::ModuleHolder<M>& module, Options options = {},
+                                   CallSite site = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options,
+                                site) {
     if constexpr (requires(M& m, const torch::Tensor& x) { { m.forward(x) } -> std::convertible_to<torch::Tensor>; })
       set_forward([m = module.ptr()](const torch::Tensor& x) -> torch::Tensor { return m->forward(x); });
   }
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Options options);
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Options options,
+                          CallSite site = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // Gradient accumulation without communication: while the returned guard lives, backward
-  // passes only add to each rank's own .grad; the first backward after it averages the sum of
-  // all of them over the ranks, in one go. Every rank must skip the same steps.
+  // Gradient accumulation without communication: a forward run while the returned guard lives
+  // prepares a local backward, which only adds to each rank's own .grad; the first backward of a
+  // forward outside the guard averages the sum of all of them over the ranks, in one go. Every
+  // rank must skip the same steps. As in PyTorch, the guard is read by the FORWARD: put the
+  // forward and the backward inside it. (A forward outside the guard followed by a backward
+  // inside it is averaged, as PyTorch does: its forward prepared it.)
   //   for (int k = 0; k < micro_batches; ++k) {
-  //     auto loss = ...;
   //     if (k + 1 < micro_batches) {
-  //       auto quiet = ddp.no_sync();  // local only
-  //       loss.backward();
-  //     } else {
-  //       loss.backward();             // the last one: all-reduce the accumulated gradients
+  //       auto quiet = ddp.no_sync();  // local only: forward and backward inside the guard
+  //       (loss_fn(ddp.forward(x[k]), y[k]) / micro_batches).backward();
+  //     } else {                       // the last one: all-reduce the accumulated gradients
+  //       (loss_fn(ddp.forward(x[k]), y[k]) / micro_batches).backward();
   //     }
   //   }
   class NoSync {
@@ -132,8 +146,16 @@ class DistributedDataParallel {
   [[nodiscard]] NoSync no_sync();
 
   // PyTorch's ddp(x): rank 0's buffers to every rank (Options::broadcast_buffers; see above),
-  // then the module's forward(x).
+  // then the module's forward(x), which prepares the next backward (see above).
   torch::Tensor forward(const torch::Tensor& input);
+  // The same around any forward: ddp.forward_with([&] { return model->forward(a, b); }).
+  template <typename F>
+  auto forward_with(F&& body) {
+    before_forward();
+    auto output = body();
+    after_forward();
+    return output;
+  }
 
   const DDPStats& stats() const;
   // Parameter indices per bucket, in launch order (see kit/ddp/buckets.h); after the first backward
@@ -142,6 +164,8 @@ class DistributedDataParallel {
 
  private:
   void set_forward(std::function<torch::Tensor(const torch::Tensor&)> call);
+  void before_forward();  // the buffers' broadcast
+  void after_forward();   // the next backward prepared: averaged, or local inside no_sync()
   std::shared_ptr<Reducer> reducer_;
 };
 

@@ -55,18 +55,6 @@ torch::Tensor key_bias(torch::nn::TransformerEncoderLayerImpl& layer) {
   return layer.self_attn->in_proj_bias.narrow(0, d, d);
 }
 
-TransformerLMOptions TransformerLMOptions::from(const TrainArgs& args, int64_t vocab_size) {
-  TransformerLMOptions o;
-  o.vocab_size = vocab_size;
-  o.d_model = args.d_model;
-  o.heads = args.heads;
-  o.layers = args.layers;
-  o.feedforward = args.feedforward;
-  o.dropout = args.dropout;
-  o.max_len = args.seq_len;
-  return o;
-}
-
 TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o) {
   TORCH_CHECK(o.vocab_size > 0, "TransformerLM: vocab_size must be set");
   embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size, o.d_model));

@@ -14,8 +14,6 @@
 #include <torch/nn/modules/transformerlayer.h>
 #include <torch/nn/pimpl.h>
 
-#include "kit/train/args.h"
-
 namespace kit {
 
 struct TransformerLMOptions {
@@ -26,9 +24,8 @@ struct TransformerLMOptions {
   int64_t feedforward = 256;
   double dropout = 0.1;
   int64_t max_len = 512;
-
-  // The sizes the trainers' flags ask for (kit/train/args.h), for a vocabulary of vocab_size words.
-  static TransformerLMOptions from(const TrainArgs& args, int64_t vocab_size);
+  // The trainers' flags make these with kit::lm_options() (kit/train/args.h): the model knows no
+  // flags, models/ sits below train/ (common/kit/README.md, the folders' order).
 };
 
 // The attention's key bias (the middle third of each layer's in_proj_bias) is held at zero: it

@@ -24,7 +24,7 @@
 #include "kit/compat.h"
 #include "kit/runtime/device_check.h"
 #include "kit/runtime/env.h"
-#include "kit/train/files.h"
+#include "kit/runtime/files.h"
 #include "kit/check/observe.h"
 
 #if defined(__GLIBC__)
@@ -407,7 +407,7 @@ void save0(const std::shared_ptr<torch::nn::Module>& module, const std::string& 
   if (get_rank() == 0) {
     torch::serialize::OutputArchive archive;
     module->save(archive);
-    write_atomically(path, archive, "save0");  // temp file, fsync, rename (kit/train/files.h)
+    write_atomically(path, archive, "save0");  // temp file, fsync, rename (kit/runtime/files.h)
   }
   // The call only: who really wrote the file is for the file system to say (the checker
   // watches the folder), not for this line.

@@ -9,7 +9,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
-#include "kit/train/clip.h"           // clip_shard_grads_: --clip-grad on a sharded gradient
+#include "kit/sharding/clip.h"        // clip_shard_grads_: --clip-grad on a sharded gradient
 #include "kit/compat.h"               // NodePtr
 #include "kit/runtime/distributed.h"  // default_group_ptr
 

@@ -75,7 +75,7 @@ struct ZeroOptions {
   torch::optim::AdamWOptions adamw{1e-3};
   ProcessGroup* group = nullptr;  // default: the group of kit::setup()
   // > 0: the averaged gradient is clipped to this global L2 norm before AdamW, as
-  // torch.nn.utils.clip_grad_norm_ does (kit/train/clip.h: the shards' sums of squares
+  // torch.nn.utils.clip_grad_norm_ does (kit/sharding/clip.h: the shards' sums of squares
   // all-reduced). 0: no clipping.
   double max_grad_norm = 0;
   // Where these options were written (the trainer's line, filled in by the aggregate
@@ -105,7 +105,7 @@ class ZeroOptimizer {
   const torch::Tensor& grad_norm() const { return grad_norm_; }
   ProcessGroup& group() const { return *group_; }
   // This rank's part of the training state, for sharded checkpoints
-  // (kit/sharding/zero_checkpoint.h): its shard of the weights (a copy), AdamW's two moments for
+  // (kit/train/zero_checkpoint.h): its shard of the weights (a copy), AdamW's two moments for
   // it, and the steps done.
   ShardedAdamW& adamw() { return adamw_; }
   torch::Tensor own_params() const;

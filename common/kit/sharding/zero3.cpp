@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "kit/train/clip.h"           // clip_shard_grads_: the global norm over every unit's shard
+#include "kit/sharding/clip.h"        // clip_shard_grads_: the global norm over every unit's shard
 #include "kit/runtime/distributed.h"  // default_group_ptr
 
 namespace kit {
@@ -175,37 +175,18 @@ std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
   return out;
 }
 
-std::vector<ShardedUnit> from_lm_units(std::vector<TransformerLMImpl::Unit> units) {
-  std::vector<ShardedUnit> out;
-  for (size_t k = 0; k < units.size(); ++k)
-    out.emplace_back("unit " + std::to_string(k) + " (" + units[k].module->name() + ")",
-                     std::move(units[k].run), units[k].module->parameters());
-  return out;
-}
-
 }  // namespace
 
-// The model's units. A parameter outside every unit would be neither gathered nor trained: such
-// a model is refused.
-std::vector<ShardedUnit> sharded_units(TransformerLM& model) {
-  auto units = model->units();
+void check_units_cover(const std::vector<torch::Tensor>& model_params,
+                       const std::vector<ShardedUnit>& units) {
   int64_t all = 0, in_units = 0;
-  for (auto& p : model->parameters()) all += p.numel();
+  for (auto& p : trainable(model_params)) all += p.numel();
   for (auto& u : units)
-    for (auto& p : u.module->parameters()) in_units += p.numel();
+    for (auto& p : trainable(u.params)) in_units += p.numel();
   if (all != in_units)
     throw std::invalid_argument("FullyShardedModel: the units hold " + std::to_string(in_units) +
                                 " of the model's " + std::to_string(all) + " parameters");
-  return from_lm_units(std::move(units));
 }
-
-FullyShardedModel::FullyShardedModel(TransformerLM& model, ZeroOptions options,
-                                     FullyShardedOptions sharding)
-    : FullyShardedModel(sharded_units(model), options, sharding) {}
-
-FullyShardedModel::FullyShardedModel(std::vector<TransformerLMImpl::Unit> units,
-                                     ZeroOptions options, FullyShardedOptions sharding)
-    : FullyShardedModel(from_lm_units(std::move(units)), options, sharding) {}
 
 FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
                                      FullyShardedOptions sharding)

@@ -7,8 +7,10 @@
 //
 // Any model that is a chain of units can be sharded: give a list of ShardedUnit (a name, the
 // unit's forward, Tensor -> Tensor, and the parameters it reads; or a module holder and a forward)
-// in the order forward runs them. TransformerLM is one user of that list (TransformerLM::units():
-// the embedding, each Transformer block, the output layer), through the first constructor.
+// in the order forward runs them, or a model that lists its own units (a units() method whose
+// elements have a `module` and a `run`, as TransformerLM::units(): the embedding, each Transformer
+// block, the output layer). This folder knows no model by name: sharding/ sits above models/ and
+// includes nothing of it (common/kit/README.md, the folders' order).
 // Each unit's trainable parameters get a flat layout of their own (kit/sharding/sharding.h), and
 // rank r keeps only its shard of each: of the weights, of the gradients, of AdamW's moments, 16 P /
 // N bytes in all. The model's own parameter tensors are left empty (0 elements) between uses.
@@ -62,8 +64,10 @@
 // model runs through FullyShardedModel::forward, not through the module's own forward.
 #pragma once
 
+#include <concepts>
 #include <functional>
 #include <memory>
+#include <ranges>
 #include <string>
 #include <vector>
 
@@ -74,7 +78,6 @@
 #include "kit/ddp/param_claim.h"        // ParameterClaim: not together with DDP
 #include "kit/runtime/process_group.h"  // ProcessGroup: all_gather, reduce_scatter, broadcast
 #include "kit/sharding/sharding.h"      // ShardLayout, ShardedAdamW, HeldBytes
-#include "kit/models/transformer_lm.h"  // TransformerLM and its units()
 #include "kit/sharding/zero.h"          // ZeroOptions
 
 namespace kit {
@@ -102,6 +105,43 @@ struct ShardedUnit {
                     module->parameters()) {}
 };
 
+// A unit as a model lists it (TransformerLM::units()): the module that holds its parameters, and
+// what it computes.
+template <typename U>
+concept ModelUnit = requires(const U& u) {
+  { u.module } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+  { u.run } -> std::convertible_to<ShardedUnit::Forward>;
+};
+// A model that lists its units in the order its forward runs them.
+template <typename M>
+concept ChainModel = requires(M& m) {
+  { m.units() } -> std::ranges::range;
+  requires ModelUnit<std::ranges::range_value_t<decltype(m.units())>>;
+};
+
+// A model's units as ShardedUnits, named after their modules ("unit 1 (TransformerEncoderLayer)").
+template <ModelUnit U>
+std::vector<ShardedUnit> sharded_units(const std::vector<U>& units) {
+  std::vector<ShardedUnit> out;
+  for (size_t k = 0; k < units.size(); ++k)
+    out.emplace_back("unit " + std::to_string(k) + " (" + units[k].module->name() + ")",
+                     units[k].run, units[k].module->parameters());
+  return out;
+}
+
+// Every trainable parameter of a model in exactly one of `units` (a parameter outside every unit
+// would be neither gathered nor trained); std::invalid_argument, one line, otherwise.
+void check_units_cover(const std::vector<torch::Tensor>& model_params,
+                       const std::vector<ShardedUnit>& units);
+
+// A chain model's own units(), checked to cover the model.
+template <ChainModel M>
+std::vector<ShardedUnit> sharded_units(const torch::nn::ModuleHolder<M>& model) {
+  auto units = sharded_units(model.ptr()->units());  // ptr(): a non-const model, units() is not const
+  check_units_cover(model->parameters(), units);
+  return units;
+}
+
 struct FullyShardedOptions {
   // false (default): keep what autograd saves in each unit's forward; true: keep only each
   // unit's input and run its forward again in backward (see the top of this file).
@@ -112,11 +152,16 @@ class FullyShardedModel {
  public:
   struct Unit;  // one unit's layout, shard, gradient and AdamW state (zero3.cpp)
 
-  // The TransformerLM as its units(); every parameter must be in one (checked).
-  FullyShardedModel(TransformerLM& model, ZeroOptions options, FullyShardedOptions sharding = {});
-  // TransformerLM::units() as they are (kept for callers of the earlier API).
-  FullyShardedModel(std::vector<TransformerLMImpl::Unit> units, ZeroOptions options,
-                    FullyShardedOptions sharding = {});
+  // A chain model (TransformerLM) as its units(); every parameter must be in one (checked).
+  template <ChainModel M>
+  FullyShardedModel(const torch::nn::ModuleHolder<M>& model, ZeroOptions options,
+                    FullyShardedOptions sharding = {})
+      : FullyShardedModel(sharded_units(model), options, sharding) {}
+  // A model's units() as they are (kept for callers of the earlier API).
+  template <ModelUnit U>
+  FullyShardedModel(const std::vector<U>& units, ZeroOptions options,
+                    FullyShardedOptions sharding = {})
+      : FullyShardedModel(sharded_units(units), options, sharding) {}
   // Any chain of units, run in this order by forward(). A parameter in two units is refused
   // (std::invalid_argument, one line), as is an empty list.
   FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
@@ -130,7 +175,7 @@ class FullyShardedModel {
   torch::Tensor forward(const torch::Tensor& input);
   void zero_grad();
   // AdamW on each unit's shard: no communication (backward did it), except, with
-  // ZeroOptions::max_grad_norm, one all-reduce of a number for the global norm (kit/train/clip.h).
+  // ZeroOptions::max_grad_norm, one all-reduce of a number for the global norm (kit/sharding/clip.h).
   void step();
   const torch::Tensor& grad_norm() const { return grad_norm_; }  // as ZeroOptimizer::grad_norm()
 
@@ -165,9 +210,5 @@ class FullyShardedModel {
   double max_grad_norm_ = 0;  // 0: no clipping
   torch::Tensor grad_norm_;
 };
-
-// TransformerLM::units() as ShardedUnits (named after their modules); every parameter of the
-// model must be in one of them (std::invalid_argument otherwise).
-std::vector<ShardedUnit> sharded_units(TransformerLM& model);
 
 }  // namespace kit

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kit/models/transformer_lm.h"  // TransformerLMOptions: what lm_options() fills in
+
 namespace kit {
 
 void flag_error(const std::string& msg) {
@@ -148,6 +150,18 @@ std::string config_fingerprint(const TrainArgs& a, int64_t vocab_size) {
     << " seed=" << a.seed << " max_steps=" << a.max_steps;
   if (a.clip_grad > 0) f << " clip_grad=" << a.clip_grad;  // only when on: older checkpoints still match
   return f.str();
+}
+
+TransformerLMOptions lm_options(const TrainArgs& args, int64_t vocab_size) {
+  TransformerLMOptions o;
+  o.vocab_size = vocab_size;
+  o.d_model = args.d_model;
+  o.heads = args.heads;
+  o.layers = args.layers;
+  o.feedforward = args.feedforward;
+  o.dropout = args.dropout;
+  o.max_len = args.seq_len;
+  return o;
 }
 
 }  // namespace kit

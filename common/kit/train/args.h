@@ -26,6 +26,11 @@ struct TrainArgs {
   double clip_grad = 0;        // > 0: clip the averaged gradient to this global L2 norm (0: off)
 };
 
+// The model's sizes that the flags ask for (--d-model, --heads, --layers, --feedforward,
+// --dropout; positions up to --seq-len), for a vocabulary of vocab_size words.
+struct TransformerLMOptions;  // kit/models/transformer_lm.h
+TransformerLMOptions lm_options(const TrainArgs& args, int64_t vocab_size);
+
 // What a checkpoint must agree on to be resumed: everything that changes the numbers (model,
 // batch, sequence length, learning rate, seed, data) and nothing that does not (epochs, paths).
 std::string config_fingerprint(const TrainArgs& args, int64_t vocab_size);

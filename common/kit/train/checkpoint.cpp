@@ -26,7 +26,7 @@
 #include "kit/train/checkpoint_hooks.h"
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
-#include "kit/train/files.h"
+#include "kit/runtime/files.h"
 #include "kit/check/observe.h"
 
 namespace kit {

@@ -89,7 +89,7 @@ class Checkpoints {
   // all stop after the same step. (A test's after_step hook may request a stop too.)
   bool stop_requested(TrainState& state);
 
-  // ZeRO (kit/sharding/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead
+  // ZeRO (kit/train/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead
   // of rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and
   // reads it back with load_shard(<checkpoint>/zero). The rest (where training is, the RNG, the
   // manifest with every shard's checksum, the same-number-of-ranks rule) is the same as above.

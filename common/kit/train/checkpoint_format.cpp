@@ -45,7 +45,7 @@ std::vector<std::string> files_under(const std::string& dir, const std::string& 
   return out;
 }
 
-// ZeRO's shards are rank r's alone ("zero/shard-<r>-of-<N>.pt", kit/sharding/zero_checkpoint.h): a
+// ZeRO's shards are rank r's alone ("zero/shard-<r>-of-<N>.pt", kit/train/zero_checkpoint.h): a
 // rank reads and verifies only its own, not the N-fold data of all of them.
 bool shard_of_another_rank(const std::string& file, int rank) {
   const std::string shards = "zero/shard-";

@@ -18,7 +18,7 @@
 
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
-#include "kit/train/files.h"
+#include "kit/runtime/files.h"
 #include "kit/check/observe.h"
 
 namespace kit {

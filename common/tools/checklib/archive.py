@@ -1,5 +1,5 @@
 """The tensors of a file written by LibTorch's torch::serialize::OutputArchive (a ZeRO shard of
-kit/sharding/zero_checkpoint.cpp), read without torch, so that `kit check` can compare a
+kit/train/zero_checkpoint.cpp), read without torch, so that `kit check` can compare a
 checkpoint's contents with the solution's on any machine.
 
 Such a file is a zip archive in TorchScript's format: <name>/data.pkl is a pickle of a module

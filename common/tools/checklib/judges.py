@@ -595,6 +595,11 @@ def check_no_sync(v, run, ranks, accum):
         v.add("no_sync", False, what, "no backward averaged the gradients, and none ran inside "
               f"no_sync(): the DistributedDataParallel object of TODO {v.todo('ddp')} did not "
               "live through the training (a temporary?)")
+    elif reduced >= forwards and run.events(0, "ddp_no_sync"):
+        v.add("no_sync", False, what, f"every micro-batch's backward all-reduced the gradients "
+              f"({reduced} all-reduces for {steps} steps) although no_sync() was used: the guard "
+              "is read by the forward, as in PyTorch (a forward outside it prepares an averaged "
+              "backward): put each of the first micro-batches' forward AND backward inside it")
     elif reduced >= forwards:
         v.add("no_sync", False, what, f"every micro-batch's backward all-reduced the gradients "
               f"({reduced} all-reduces for {steps} steps): run all but the last one inside "

@@ -96,7 +96,7 @@ class Run:
     def writes(self, name):
         """Every complete write of the out-dir's file `name` the kernel saw, in order: the pid of
         the writer when it wrote a temporary file <name>.tmp.<pid> and renamed it to `name` (the
-        kit's atomic write, kit/train/files.h), None when a process wrote `name` directly (see DirWatch:
+        kit's atomic write, kit/runtime/files.h), None when a process wrote `name` directly (see DirWatch:
         direct writes at the same moment may show as one)."""
         out = []
         for event, file, pid in self.files:

@@ -262,7 +262,7 @@ def last_checkpoint(run):
 
 
 def tensor_name(stage, key, count):
-    """What entry `key` of a ZeRO shard file is (kit/sharding/zero_checkpoint.cpp's order: the
+    """What entry `key` of a ZeRO shard file is (kit/train/zero_checkpoint.cpp's order: the
     weights' shard, AdamW's exp_avg and exp_avg_sq, per unit under ZeRO-3; the step counts last)."""
     k = int(key)
     parts = ("its shard of the weights", "its shard of AdamW's exp_avg",

@@ -2,6 +2,10 @@
 format and the kinds)."""
 EXERCISE = "01-transformer-lm-ddp"
 
+DDP_LINE = "  kit::DistributedDataParallel ddp(model);  // rank 0's weights everywhere\n"
+FORWARD_LINE = ("  forward = [&](const torch::Tensor& x) { return ddp.forward(x); };  "
+                "// its backward averages\n")
+
 AVG_TRAIN = "kit::all_reduce(mean, kit::ReduceOp::AVG);  // this rank's mean -> the mean over all ranks"
 SUM_EVAL = "kit::all_reduce(totals, kit::ReduceOp::SUM);  // the sums and counts of all ranks, on every rank"
 # (id, kind, todo, what, [(old, new), ...], also)
@@ -43,10 +47,14 @@ MUTANTS = [
      [("Loader test_loader(test_data, args.eval_batch_size, test_sampler);",
        "Loader test_loader(test_data, args.eval_batch_size);")], []),
     ("no-ddp", "run", "8", "no DistributedDataParallel",
-     [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n",
-       "")], []),
+     [(DDP_LINE + FORWARD_LINE, "")], []),
+    # New with PyTorch's rule (kit/ddp/ddp.h): the wrapper is made, but training still calls
+    # model->forward, so no backward is prepared for averaging; the kit stops the first one.
+    ("forward-bypasses-ddp", "stops", "8", "the wrapper made, but `forward` left on "
+     "model->forward: PyTorch's DDP would not average those backwards; the kit stops the first",
+     [(FORWARD_LINE, "")], ["9", "10", "11", "12", "13"]),
     ("ddp-temporary", "run", "8", "DistributedDataParallel as a temporary, destroyed at once",
-     [("kit::DistributedDataParallel ddp(model);", "kit::DistributedDataParallel{model};")], []),
+     [(DDP_LINE + FORWARD_LINE, "  kit::DistributedDataParallel{model};\n")], []),
     ("set-epoch-late", "run", "9", "set_epoch() after the epoch's training (right code, "
      "wrong place)",
      [("    train_sampler.set_epoch(epoch);\n", ""),
@@ -119,8 +127,8 @@ MUTANTS += [
      ["step 1 starts from", "kit::TransformerLM model("]),
     ("dropout-outside", "diverges", "-", "dropout 0.2 set on the model's options outside the "
      "TODOs (the run asks for 0)",
-     [("kit::TransformerLM model(kit::TransformerLMOptions::from(args, corpus.vocab.size()));",
-       "auto options = kit::TransformerLMOptions::from(args, corpus.vocab.size());\n"
+     [("kit::TransformerLM model(kit::lm_options(args, corpus.vocab.size()));",
+       "auto options = kit::lm_options(args, corpus.vocab.size());\n"
        "  options.dropout = 0.2;\n  kit::TransformerLM model(options);")],
      ["step 1: the training loss", "kit::TransformerLM model("]),
     ("lr-doubled", "diverges", "-", "the learning rate doubled outside the TODOs",
@@ -148,10 +156,10 @@ MUTANTS += [
      [(AVG_TRAIN, "if (kit::get_rank() == 0) " + AVG_TRAIN)], ["6", "7", "9", "11", "12", "13"]),
     ("optimizer-before-ddp", "equivalent", "8", "the optimizer made before the wrapper (it holds "
      "the same parameters either way) (correct: must pass)",
-     [("  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n"
+     [(DDP_LINE + FORWARD_LINE +
        "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n",
        "  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));\n"
-       "  kit::DistributedDataParallel ddp(model);  // from here on, backward() averages gradients\n")],
+       + DDP_LINE + FORWARD_LINE)],
      []),
 ]
 

@@ -7,10 +7,38 @@ EXERCISE = "02-resnet-cifar10-ddp"
 SAME = "the same kit call as exercise 01's TODO, mutated there; the stage tests show it missing"
 COVERED_BY_STAGES = {"1": SAME, "2-3": SAME, "5": SAME, "6": SAME, "10": SAME, "12": SAME}
 
-NO_SYNC = "          auto quiet = ddp.no_sync();  // only adds to this rank's .grad\n"
+NO_SYNC = ("          auto quiet = ddp.no_sync();  // forward and backward: only adds to this "
+           "rank's .grad\n")
 SCALE = "kit::scale_lr(args.lr, args.lr_scaling, batch * world_size, args.lr_base_batch())"
 FORWARD = "cross_entropy(ddp.forward(inputs[k]), targets[k])"
 RATIOS = "return {totals[0] / totals[2], totals[1] / totals[2]};"
+# The micro-batch loop's body, from its lambda to the end of the guard, and the same with the
+# guard around the backward only (the forward outside it).
+GUARDED = (
+    "        auto forward_backward = [&] {\n"
+    "          // Through the wrapper, as Python's ddp_model(x): rank 0's batch-norm running statistics\n"
+    "          // to every rank first (DDP's broadcast_buffers, on by default), then model->forward;\n"
+    "          // and the backward of this forward is the one DDP averages.\n"
+    "          auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /\n"
+    "                      static_cast<double>(micro);\n"
+    "          loss.backward();\n"
+    "          step_loss += loss.detach();\n"
+    "        };\n"
+    "        if (k + 1 < micro) {\n" + NO_SYNC +
+    "          forward_backward();\n"
+    "        } else {\n"
+    "          forward_backward();  // the step's one all-reduce, of the accumulated gradients\n"
+    "        }\n")
+BACKWARD_ONLY = (
+    "        auto loss = torch::nn::functional::cross_entropy(ddp.forward(inputs[k]), targets[k]) /\n"
+    "                    static_cast<double>(micro);\n"
+    "        if (k + 1 < micro) {\n"
+    "          auto quiet = ddp.no_sync();\n"
+    "          loss.backward();\n"
+    "        } else {\n"
+    "          loss.backward();\n"
+    "        }\n"
+    "        step_loss += loss.detach();\n")
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
     # The test sampler is exercise 01's evaluation sampler; its padding shows on the odd test
@@ -21,10 +49,11 @@ MUTANTS = [
      [("kit::DistributedEvalSampler test_sampler(test_data);",
        "kit::DistributedSampler test_sampler(test_data, /*shuffle=*/false);")], []),
     # The wrap itself is exercise 01's; its second place, the forward through the wrapper, is new.
-    ("forward-bypasses-ddp", "run", "7", "the training forward calls model->forward, not "
-     "ddp.forward: rank 0's batch-norm buffers are never broadcast, each rank's statistics drift "
-     "apart (averaged back by TODO 13 before evaluation, so only the forwards show it)",
-     [(FORWARD, FORWARD.replace("ddp.forward(", "model->forward("))], []),
+    ("forward-bypasses-ddp", "stops", "7", "the training forward calls model->forward, not "
+     "ddp.forward: no backward is prepared for averaging (PyTorch's DDP would skip it "
+     "silently; the kit stops the first), and rank 0's batch-norm buffers are never broadcast",
+     [(FORWARD, FORWARD.replace("ddp.forward(", "model->forward("))],
+     ["8", "9", "11", "13", "14", "15"]),
     ("set-epoch-missing", "run", "8", "train_sampler.set_epoch() dropped",
      [("    train_sampler.set_epoch(epoch);\n", "")], []),
     ("accuracy-not-reduced", "run", "9", "the test loss is the all-reduced one, the accuracy "
@@ -91,13 +120,19 @@ MUTANTS += [
       ('kit::save0(model, args.out_dir + "/model-final.pt");',
        'kit::destroy_process_group();\n    kit::save0(model, args.out_dir + "/model-final.pt");')],
      []),
+    # The guard around the backward only, as exercise 02 taught it before PyTorch's rule was
+    # followed: PyTorch reads no_sync() at the forward, so every micro-batch is averaged.
+    ("no-sync-backward-only", "run", "15", "only the backward inside ddp.no_sync(), the "
+     "forward outside it: the forward prepared an averaged backward, so every micro-batch "
+     "all-reduces (as in PyTorch)",
+     [(GUARDED, BACKWARD_ONLY)], []),
     # Correct rewrites.
     ("no-sync-other-guard", "equivalent", "15", "the guard written the other way round (the "
      "last micro-batch first in the if) and the average as SUM then divided (correct: must pass)",
-     [("        if (k + 1 < micro) {\n          auto quiet = ddp.no_sync();  // only adds to this rank's .grad\n"
-       "          loss.backward();\n        } else {\n          loss.backward();  // the step's one all-reduce, of the accumulated gradients\n        }",
-       "        if (k == micro - 1) {\n          loss.backward();\n        } else {\n"
-       "          auto quiet = ddp.no_sync();\n          loss.backward();\n        }"),
+     [("        if (k + 1 < micro) {\n" + NO_SYNC +
+       "          forward_backward();\n        } else {\n          forward_backward();  // the step's one all-reduce, of the accumulated gradients\n        }",
+       "        if (k == micro - 1) {\n          forward_backward();\n        } else {\n"
+       "          auto quiet = ddp.no_sync();\n          forward_backward();\n        }"),
       ("    kit::all_reduce(train_loss, kit::ReduceOp::AVG);",
        "    kit::all_reduce(train_loss, kit::ReduceOp::SUM);\n    train_loss /= world_size;")], []),
 ]

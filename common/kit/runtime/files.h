@@ -1,4 +1,4 @@
-// kit/train/files.h — write_atomically(), fsync_dir(): files that appear under their name complete
+// kit/runtime/files.h — write_atomically(), fsync_dir(): files that appear under their name complete
 // or not at all, even if the process or the node dies half-way.
 #pragma once
 

@@ -1,4 +1,4 @@
-// kit/train/clip.h — gradient clipping by global norm when each rank holds only a shard of the
+// kit/sharding/clip.h — gradient clipping by global norm when each rank holds only a shard of the
 // averaged gradient (ZeRO-1/2/3).
 //
 // torch.nn.utils.clip_grad_norm_(params, max_norm) takes the L2 norm of ALL the gradients

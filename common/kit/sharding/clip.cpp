@@ -1,5 +1,5 @@
-// kit/train/clip.cpp — clipping a sharded gradient by its global norm (see clip.h).
-#include "kit/train/clip.h"
+// kit/sharding/clip.cpp — clipping a sharded gradient by its global norm (see clip.h).
+#include "kit/sharding/clip.h"
 
 #include <stdexcept>
 #include <string>

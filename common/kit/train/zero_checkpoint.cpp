@@ -1,5 +1,5 @@
-// kit/sharding/zero_checkpoint.cpp — one file per rank plus a manifest (see zero_checkpoint.h).
-#include "kit/sharding/zero_checkpoint.h"
+// kit/train/zero_checkpoint.cpp — one file per rank plus a manifest (see zero_checkpoint.h).
+#include "kit/train/zero_checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "kit/train/checkpoint.h"  // Checkpoints::shard_file
-#include "kit/train/files.h"       // write_atomically
+#include "kit/runtime/files.h"     // write_atomically
 
 namespace kit {
 namespace {

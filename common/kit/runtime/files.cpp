@@ -1,5 +1,5 @@
-// kit/train/files.cpp — atomic file writes (see files.h).
-#include "kit/train/files.h"
+// kit/runtime/files.cpp — atomic file writes (see files.h).
+#include "kit/runtime/files.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// kit/sharding/zero_checkpoint.h — sharded checkpoints for ZeRO: each rank saves only what it
+// kit/train/zero_checkpoint.h — sharded checkpoints for ZeRO: each rank saves only what it
 // holds.
 //
 //   kit::save_zero_checkpoint(dir, optimizer);   // every rank; ZeroOptimizer or FullyShardedModel
@@ -10,7 +10,7 @@
 // of the weights, its AdamW moments and step count; rank 0 also writes <dir>/MANIFEST (the
 // layout's version, the ZeRO stage, the number of ranks, the number of parameters; a ZeRO-1/2
 // checkpoint of the layout before gradient-ordered buckets is refused with one line). Each file
-// is written atomically (kit/train/files.h). Loading puts every tensor back exactly: the run
+// is written atomically (kit/runtime/files.h). Loading puts every tensor back exactly: the run
 // continues bit for bit. Inside a checkpoint of kit::Checkpoints (save_sharded, <checkpoint>/zero),
 // every shard is in the checkpoint's MANIFEST with its size and checksum, and resume_sharded has
 // each rank verify its own shard, and the ranks agree, before load_zero_checkpoint's first
