@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -142,12 +143,18 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
   }
   if (everyone()) barrier(caller);
 
+  // The size and checksum of each file this rank writes, summed as it goes out: rank 0's MANIFEST
+  // lists them without reading its own files back (kit/runtime/files.h).
+  std::map<std::string, FileSum> written;
   // Each rank: its own random-number state (dropout masks differ per rank).
-  write_atomically(tmp + "/rng-rank" + std::to_string(rank) + ".bin", rng_state_bytes(), "checkpoint");
+  const std::string rng_file = "rng-rank" + std::to_string(rank) + ".bin";
+  written[rng_file] = write_atomically(tmp + "/" + rng_file, rng_state_bytes(), "checkpoint");
   // ... and its GPUs' (a CUDA build with GPUs: rank 0 lists the file of every rank if it has one).
   const std::string cuda_rng = cuda_rng_bytes();
-  if (!cuda_rng.empty())
-    write_atomically(tmp + "/cuda-rng-rank" + std::to_string(rank) + ".bin", cuda_rng, "checkpoint");
+  if (!cuda_rng.empty()) {
+    const std::string cuda_file = "cuda-rng-rank" + std::to_string(rank) + ".bin";
+    written[cuda_file] = write_atomically(tmp + "/" + cuda_file, cuda_rng, "checkpoint");
+  }
   // Each rank's own loss sum of the epoch so far (the ranks see different batches), gathered into
   // one vector: entry r is rank r's sum, exactly (the other ranks add zeros). Saving rank 0's sum
   // for everybody made the resumed epoch's mean train loss differ from the uninterrupted run's.
@@ -185,7 +192,7 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
     archive.write("global_step", torch::tensor(state.global_step, torch::kLong));
     archive.write("best_val_loss", torch::tensor(state.best_val_loss, torch::kDouble));
     archive.write("epoch_loss_sum", loss_sums);  // [world]: one per rank
-    write_atomically(tmp + "/state.pt", archive, "checkpoint");
+    written["state.pt"] = write_atomically(tmp + "/state.pt", archive, "checkpoint");
     // A test may crash rank 0 here, half-way through the save (kit/train/checkpoint_hooks.h).
     if (auto& mid_save = testing::checkpoint_hooks().mid_save) mid_save(state.global_step, tmp);
   }
@@ -193,8 +200,8 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
 
   if (rank == 0) {
     // The manifest is written last: its presence, checked sums and the rename make it complete.
-    write_atomically(tmp + "/MANIFEST", manifest_text(tmp, fingerprint_, world, !cuda_rng.empty()),
-                     "checkpoint");
+    write_atomically(tmp + "/MANIFEST",
+                     manifest_text(tmp, fingerprint_, world, !cuda_rng.empty(), written), "checkpoint");
     if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
       // Another independent process (same folder, no process group) saved this step first.
       remove_tree(tmp);

@@ -16,7 +16,10 @@
 // checksum of every one of these files. A folder becomes visible under its final name only when
 // complete (written as .tmp, flushed, renamed), so a crash mid-save leaves the previous checkpoint
 // as the newest (the next save removes the leftover .tmp, whole). The last `keep` checkpoints are
-// kept; older ones are removed with everything in them.
+// kept; older ones are removed with everything in them. A save holds the training state plus one
+// buffer: the archive goes to disk tensor by tensor, each file is summed as it is written (another
+// rank's, read back 1 MiB at a time), and a resume checks each file 1 MiB at a time. (ZeRO-1/2's
+// shard file adds one copy of the rank's weight shard: common/bench/README.md.)
 //
 // Resume: rank 0 chooses the newest checkpoint and tells the others (a shared file system may
 // show a new folder to one node before another). Every rank verifies what it will read, and the

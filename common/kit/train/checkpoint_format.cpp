@@ -26,15 +26,6 @@ namespace {
 
 constexpr const char* kMagic = "kit-checkpoint 1";
 
-// FNV-1a: not cryptographic, just enough to notice a truncated or damaged file.
-std::string checksum(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
-
 // The files of a checkpoint folder under `sub` ("zero"), as "sub/name", sorted.
 std::vector<std::string> files_under(const std::string& dir, const std::string& sub) {
   std::vector<std::string> out;
@@ -131,7 +122,7 @@ void remove_tree(const std::string& path) {
 }
 
 std::string manifest_text(const std::string& dir, const std::string& fingerprint, int world,
-                          bool cuda_rng) {
+                          bool cuda_rng, const std::map<std::string, FileSum>& written) {
   std::ostringstream m;
   m << kMagic << "\nconfig " << fingerprint << "\nworld_size " << world << "\n";
   std::vector<std::string> files{"state.pt"};
@@ -141,9 +132,14 @@ std::string manifest_text(const std::string& dir, const std::string& fingerprint
   // ZeRO: every rank's shard and zero/MANIFEST (complete: save_shard ended on a barrier). With
   // their sums here, every rank can check its shard before a single collective of the resume.
   for (auto& f : files_under(dir, "zero")) files.push_back(f);
+  // The sums this rank made while writing; another rank's files are read back a chunk at a time
+  // (a whole state.pt read into one string doubled rank 0's memory at every save).
   for (auto& f : files) {
-    std::string bytes = read_file(dir + "/" + f);
-    m << "file " << f << " " << bytes.size() << " " << checksum(bytes) << "\n";
+    // A file this rank cannot read is listed with the bytes it could read: refused at resume.
+    FileSum sum;
+    if (auto it = written.find(f); it != written.end()) sum = it->second;
+    else sum_file(dir + "/" + f, sum);
+    m << "file " << f << " " << sum.bytes << " " << sum.hex() << "\n";
   }
   return m.str();
 }
@@ -170,10 +166,12 @@ Manifest verify_manifest(const std::string& checkpoint_dir, int rank) {
       words >> f >> size >> sum;
       out.listed.push_back(f);
       if (!out.problem.empty() || shard_of_another_rank(f, rank)) continue;
-      std::string bytes = read_file(checkpoint_dir + "/" + f);
-      if (bytes.size() != size)
-        out.problem = "is damaged: " + f + " has " + std::to_string(bytes.size()) + " of " + std::to_string(size) + " bytes";
-      else if (checksum(bytes) != sum)
+      FileSum found;  // read a chunk at a time: a rank never holds a whole file to check it
+      if (!sum_file(checkpoint_dir + "/" + f, found))
+        out.problem = "is damaged: " + f + " cannot be read";
+      else if (found.bytes != static_cast<int64_t>(size))
+        out.problem = "is damaged: " + f + " has " + std::to_string(found.bytes) + " of " + std::to_string(size) + " bytes";
+      else if (found.hex() != sum)
         out.problem = "is damaged: " + f + " fails its checksum";
       if (!out.problem.empty()) out.bad_file = static_cast<int>(out.listed.size()) - 1;
       else out.verified.push_back(f);

@@ -7,11 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/serialize/input-archive.h>
+
+#include "kit/runtime/files.h"  // FileSum, sum_file: sizes and checksums in bounded chunks
 
 namespace kit::checkpoint_format {
 
@@ -28,16 +31,21 @@ void remove_tree(const std::string& path);
 
 // --- Files and the MANIFEST ---
 
-std::string read_file(const std::string& path);  // "" when it cannot be read
+// The whole file, "" when it cannot be read: for the small ones only (the RNG states). Large ones
+// are summed a chunk at a time (sum_file, kit/runtime/files.h), never read into one string.
+std::string read_file(const std::string& path);
 // The MANIFEST of the checkpoint folder `dir` (written last, once every file is complete): its
 // magic line, the configuration's fingerprint, the number of ranks, and "file <name> <bytes>
-// <checksum>" for state.pt, every rank's RNG files (its CUDA ones if `cuda_rng`) and everything
-// under zero/ (ZeRO's shards and their own manifest).
+// <checksum>" (FNV-1a, FileSum) for state.pt, every rank's RNG files (its CUDA ones if
+// `cuda_rng`) and everything under zero/ (ZeRO's shards and their own manifest). `written`: the
+// sums this rank made as it wrote its files (by name in `dir`); the others are read back in
+// chunks of kFileChunk bytes.
 std::string manifest_text(const std::string& dir, const std::string& fingerprint, int world,
-                          bool cuda_rng);
+                          bool cuda_rng, const std::map<std::string, FileSum>& written);
 
 // A checkpoint's MANIFEST as rank `rank` reads it: every file it lists, and those of them this
-// rank reads (not another rank's ZeRO shard) checked against their size and checksum.
+// rank reads (not another rank's ZeRO shard) checked against their size and checksum, each read
+// a chunk at a time (sum_file).
 struct Manifest {
   std::string problem;              // "" or why it is unusable: "has no valid MANIFEST (...)",
                                     // "is damaged: <file> ..." (the first damaged file)

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -32,10 +33,12 @@ struct Counter {
 
 namespace {
 
-Counter& process() {
-  static Counter* c = new Counter;  // never released: frees may come during static destruction
-  return *c;
-}
+// Constant-initialized (Counter's constructor is constexpr) and never destroyed: it exists before
+// any constructor runs (a counted operator new may come first) and after every destructor (frees
+// come during static destruction).
+Counter g_process;
+static_assert(std::is_trivially_destructible_v<Counter>);
+Counter& process() { return g_process; }
 thread_local Counter* t_scope = nullptr;
 
 // In front of each storage, 64 bytes (c10's alignment, so the data stays aligned) say how big it
@@ -108,6 +111,24 @@ int64_t peak_live_bytes() { return current().peak.load(); }
 void reset_peak() {
   Counter& c = current();
   c.peak.store(c.live.load());
+}
+
+Counter* charge_heap(int64_t bytes) {
+  Counter* scope = t_scope;
+  if (scope) {
+    scope->refs.fetch_add(1);
+    scope->add(bytes);
+  }
+  process().add(bytes);
+  return scope;
+}
+
+void credit_heap(Counter* account, int64_t bytes) {
+  process().add(-bytes);
+  if (account) {
+    account->add(-bytes);
+    account->release();
+  }
 }
 
 Account::Account() : counter_(new Counter) { install(); }

@@ -12,6 +12,11 @@
 // as tensors); not counted: what Gloo or the C++ runtime allocate for themselves, and storage made
 // before install(). On GPU the caching allocator keeps its own peak: compat::peak_gpu_bytes.
 //
+// A program may also count its C++ heap (std::string, std::vector, ...): common/bench/heap_count.cpp,
+// linked into a benchmark or a test, replaces operator new and delete and charges every block
+// through charge_heap()/credit_heap() on the same counters, so that the peak is tensors + heap at
+// the same moment (a save's peak, common/bench/save_peak.cpp). The kit's library itself does not.
+//
 // Ranks that are threads of one process (kit::ProcessGroup::local_groups) each get an Account:
 // the storage a thread makes while it is charging an Account (Account::Charge) is counted there as
 // well, wherever it is freed, so that each rank gets its own peak. Without one: the process's.
@@ -30,6 +35,12 @@ int64_t peak_live_bytes();  // the highest live_bytes() since the last reset_pea
 void reset_peak();          // the peak starts again from the bytes live now
 
 struct Counter;
+
+// Counts `bytes` of heap made by this thread on the Account it charges (if any) and on the process;
+// returns the Account's counter, to hand to credit_heap() when the block is freed (on any thread).
+// Safe to call from a replaced operator new: it allocates nothing and needs no constructor to have run.
+Counter* charge_heap(int64_t bytes);
+void credit_heap(Counter* account, int64_t bytes);
 
 class Account {
  public:
