@@ -28,7 +28,7 @@
 #include "kit/runtime/distributed.h"
 #include "kit/sharding/zero.h"
 #include "kit/sharding/zero3.h"
-#include "kit/sharding/zero_checkpoint.h"
+#include "kit/train/zero_checkpoint.h"
 #include "kit/train/checkpoint.h"
 #include "kit/train/memory.h"
 

@@ -13,6 +13,8 @@ one of its headers (read from solutions/*/*.cpp, so the column cannot go stale).
   * any tracked text file names a kit source by a path with no folder (`kit/ddp.h`,
     `common/kit/zero.cpp`): the includes, docs, slides, rules and tests all say the folder.
     `kit/compat.h` is the one file that stays at the top (DEVELOPERS.md names it);
+  * any tracked text file names `kit/<folder>/<name>.h` (or .cpp) that does not exist there: a
+    file moved between folders leaves no stale path behind (in includes, docs, rules, tests);
   * a source of common/kit/ includes a header of a folder that is not below its own in LAYERS
     (file, line and both folders named): the library's parts point one way, so that a lower part
     can be read, built and tested without the upper ones. kit/check/observe.h, the checker's
@@ -64,6 +66,7 @@ SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's typ
 # Also in a regular expression, where the dot is escaped (`kit/distributed\\.h` in a rule).
 OLD_FLAT = re.compile(r"(?:(?<=common/)|(?<![A-Za-z0-9_./-]))kit/([a-z0-9_]+)\\?\.(h|cpp)\b")
 INCLUDE = re.compile(r'#include "kit/([a-z0-9_]+)/[a-z0-9_]+\.h"')
+FOLDER_PATH = re.compile(r"(?<![A-Za-z0-9_])kit/([a-z0-9_]+)/([a-z0-9_]+)\\?\.(h|cpp)\b")
 INCLUDE_LINE = re.compile(r'^\s*#\s*include\s+"kit/(([a-z0-9_]+)/[a-z0-9_]+\.h)"')
 BINARY = {".png", ".svg", ".pdf", ".bin", ".gz", ".jpg", ".ico", ".woff", ".woff2"}
 
@@ -192,6 +195,12 @@ def findings(root):
         except UnicodeDecodeError:
             continue
         for n, line in enumerate(lines, 1):
+            for m in FOLDER_PATH.finditer(line):
+                folder, name, ext = m.groups()
+                if folder in on_disk and not os.path.isfile(
+                        os.path.join(root, "common/kit", folder, f"{name}.{ext}")):
+                    found.append(f"{rel}:{n}: names kit/{folder}/{name}.{ext}, which common/kit/ "
+                                 "does not have (moved to another folder?)")
             for m in OLD_FLAT.finditer(line):
                 if f"{m.group(1)}.{m.group(2)}" in TOP_LEVEL:
                     continue

@@ -10,6 +10,7 @@ naming the file and line, when
   * a source of common/kit/ includes a folder that is not below its own (the model including the
     flags of train/, the runtime including train/, sharding including ddp's peer... as the
     library had it before its layers were ordered), or a new folder has no layer;
+  * a page names a header at a folder it moved away from (kit/sharding/zero_checkpoint.h);
 and that `kit/compat.h`, which stays at the top, and a folder-qualified path pass.
 
 usage: test_kit_layout.py SOURCE_DIR WORK_DIR
@@ -48,8 +49,12 @@ def main(src, work):
     rc, out = check(work)
     expect(rc == 0, "the copy passes as it is", detail=out)
     ex = "exercises/01-transformer-lm-ddp/train.cpp"
-    with_edit(work, ex, '#include "kit/data/data_loader.h"', '#include "kit/data_loader.h"',
-              f"{ex}:16:", "names kit/data_loader.h",
+    include = '#include "kit/data/data_loader.h"'
+    at = open(os.path.join(work, ex), encoding="utf-8").read().split("\n").index(
+        next(l for l in open(os.path.join(work, ex), encoding="utf-8").read().split("\n")
+             if l.startswith(include))) + 1
+    with_edit(work, ex, include, '#include "kit/data_loader.h"',
+              f"{ex}:{at}:", "names kit/data_loader.h",
               why="an exercise's include of an old flat path fails, naming file and line")
     with_edit(work, "sbatch/README.md", "\n", "\nsee common/kit/zero.cpp\n", "sbatch/README.md:2:",
               why="a page naming common/kit/zero.cpp fails")
@@ -97,6 +102,9 @@ def main(src, work):
     with_edit(work, "common/kit/ddp/ddp.h", "#pragma once\n",
               '#pragma once\n#include "kit/check/trace.h"\n', "check/ only through",
               why="a folder including check/ other than its seam (observe.h) fails")
+    with_edit(work, "sbatch/README.md", "\n", "\nsee kit/sharding/zero_checkpoint.h\n",
+              "sbatch/README.md:2:", "names kit/sharding/zero_checkpoint.h, which common/kit/ does not have",
+              why="a path of a file that moved to another folder fails")
     os.makedirs(os.path.join(work, "common/kit/tensor"))
     open(os.path.join(work, "common/kit/tensor/layers.h"), "w").write("#pragma once\n")
     rc, out = check(work)
