@@ -199,11 +199,12 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     if (params[i].grad().defined()) used[i] = true;
     if (!armed) {
       if (local_forward) return;  // a no_sync() micro-step: the gradient stays in this rank's .grad
-      TORCH_CHECK(false, "DistributedDataParallel: a backward reached parameter '", names[i],
-                  "', but no forward through the wrapper prepared it (model->forward(x) instead "
-                  "of ddp.forward(x)?): PyTorch's DDP would not average these gradients and the "
-                  "replicas would drift apart; run the training forward through ddp.forward(x), "
-                  "as ddp_model(x) in Python (the wrapper made at ", made_at, ")");
+      // The wrapper's line in parentheses, "(train.cpp:117)": kit check places it in its TODO.
+      TORCH_CHECK(false, "DistributedDataParallel (", made_at, "): a backward reached parameter '",
+                  names[i], "', but no forward through the wrapper prepared it (model->forward(x) "
+                  "instead of ddp.forward(x)?): PyTorch's DDP would not average these gradients "
+                  "and the replicas would drift apart; run the training forward through "
+                  "ddp.forward(x), as ddp_model(x) in Python");
     }
     if (!finalizer_queued) {
       // First gradient of this backward: ask autograd to call finalize() when backward ends.

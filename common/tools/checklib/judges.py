@@ -254,6 +254,14 @@ def check_ddp_forward(v, run, ranks):
             why += f" (from training forward {k + 1} on, rank 0 and rank {other} start with " \
                    "different running statistics)"
             break
+    if run.events(0, "ddp_no_sync") and not run.events(0, "ddp_step"):
+        # PyTorch's rule: a forward copies the buffers only after a forward outside no_sync().
+        # With every forward inside the guard none is, and the guard's TODO is the mistake.
+        v.add("ddp_forward", False, what, f"DDP broadcast rank 0's buffers {copies[short]} times "
+              f"in {steps} steps on rank {short}: every forward ran inside ddp.no_sync(), and "
+              f"a forward copies them only after one outside it (TODO {v.todo('no_sync')})",
+              cause="no_sync")
+        return
     v.add("ddp_forward", False, what, why)
 
 
@@ -583,7 +591,9 @@ def check_no_sync(v, run, ranks, accum):
     steps = len(run.events(0, "step"))
     reduced = len(run.events(0, "ddp_step"))
     forwards = len(run.events(0, "forward"))
-    if steps == 0:
+    if steps == 0 and not run.finished():
+        v.unreached("no_sync", what, "the run stopped before the first training step")
+    elif steps == 0:
         v.add("no_sync", False, what, "no training step was traced")
     elif reduced == steps:
         v.add("no_sync", True, what)
@@ -626,6 +636,9 @@ def check_lr_scaling(v, run, reference, accum, rule_text):
     what = f"the learning rate follows {rule_text}"
     mine, theirs = first_update(run, 0, accum), first_update(reference, 0, accum)
     batches = lambda r: [f for f in r.events(0, "batch") if f.startswith("train ")][:accum]  # noqa
+    if mine is None and not run.finished():
+        v.unreached("lr", what, "the run stopped before the first optimizer step")
+        return
     if mine is None or theirs is None:
         v.add("lr", False, what, "no optimizer step was traced")
         return

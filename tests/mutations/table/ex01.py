@@ -52,7 +52,7 @@ MUTANTS = [
     # model->forward, so no backward is prepared for averaging; the kit stops the first one.
     ("forward-bypasses-ddp", "stops", "8", "the wrapper made, but `forward` left on "
      "model->forward: PyTorch's DDP would not average those backwards; the kit stops the first",
-     [(FORWARD_LINE, "")], ["9", "10", "11", "12", "13"]),
+     [(FORWARD_LINE, "")], ["5", "6", "7", "9", "10", "11", "12", "13"]),
     ("ddp-temporary", "run", "8", "DistributedDataParallel as a temporary, destroyed at once",
      [(DDP_LINE + FORWARD_LINE, "  kit::DistributedDataParallel{model};\n")], []),
     ("set-epoch-late", "run", "9", "set_epoch() after the epoch's training (right code, "

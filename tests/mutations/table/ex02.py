@@ -53,7 +53,7 @@ MUTANTS = [
      "ddp.forward: no backward is prepared for averaging (PyTorch's DDP would skip it "
      "silently; the kit stops the first), and rank 0's batch-norm buffers are never broadcast",
      [(FORWARD, FORWARD.replace("ddp.forward(", "model->forward("))],
-     ["8", "9", "11", "13", "14", "15"]),
+     ["5", "6", "8", "9", "10", "11", "12", "13", "14", "15"]),
     ("set-epoch-missing", "run", "8", "train_sampler.set_epoch() dropped",
      [("    train_sampler.set_epoch(epoch);\n", "")], []),
     ("accuracy-not-reduced", "run", "9", "the test loss is the all-reduced one, the accuracy "
