@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -24,12 +23,9 @@
 #include "kit/compat.h"
 #include "kit/runtime/device_check.h"
 #include "kit/runtime/env.h"
+#include "kit/runtime/process.h"
 #include "kit/train/files.h"
 #include "kit/check/observe.h"
-
-#if defined(__GLIBC__)
-#include <malloc.h>  // mallopt
-#endif
 
 namespace kit {
 namespace {
@@ -152,83 +148,13 @@ int intra_op_threads(const RankEnv& env) {
   return std::max(1, cores / std::max(1, env.local_world_size));
 }
 
-[[noreturn]] void die_with_one_line() {
-  // Every uncaught exception ends the process with a single line naming the rank, instead of
-  // a multi-line "terminate called after throwing..." and a core dump.
-  std::string what = "unknown error";
-  if (auto e = std::current_exception()) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      what = first_line(ex.what());
-    } catch (...) {
-    }
-  }
-  const char* rank = std::getenv("RANK");
-  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
-  std::fflush(stdout);
-  std::fprintf(stderr, "%serror: %s\n", rank ? (std::string("rank ") + rank + ": ").c_str() : "",
-               what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-// Installed when kit_common is loaded, so it also covers errors before setup() (bad flags,
-// missing data).
-[[maybe_unused]] const bool g_terminate_installed = [] {
-  std::set_terminate(die_with_one_line);
-  return true;
-}();
-
-// glibc's malloc gives a large block (from 128 KiB up; its threshold rises only as far as 32
-// MiB) straight back to the kernel when it is freed, and returns free heap space above 128 KiB.
-// A training step frees and reallocates the same activations and gradients every step, so every
-// step pays page faults to get back the memory it has just given away: on the CPU, about a fifth
-// of the benchmark model's step (tests/bench; PyTorch users get the same from MALLOC_* variables
-// or another allocator). Keeping freed memory in the process costs only the RSS that the next
-// step needs anyway. Set when kit_common is loaded, for every kit program; KIT_MALLOC=default
-// leaves glibc's settings alone. (Set before any allocation of ours; both calls also turn off
-// glibc's dynamic threshold, which is why they go together: either one alone is slower.)
-[[maybe_unused]] const bool g_malloc_tuned = [] {
-#if defined(__GLIBC__)
-  const char* mode = std::getenv("KIT_MALLOC");
-  if (mode != nullptr && std::string(mode) == "default") return false;
-  return mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
-#else
-  return false;
-#endif
-}();
-
-// A rank that aborts (SIGABRT: NCCL's watchdog after a collective timed out or failed, or any
-// failed assertion) says which rank it was before it dies, on its own stderr: under srun that is
-// the job's .err file, where Slurm's own line ("task 3: Aborted") names a task, not a rank. The
-// line is written when setup() knows the rank, so that the handler only calls write(2), which is
-// safe in a signal handler; then the default action runs (the core dump and exit status 134 the
-// launcher and Slurm report).
-char g_abort_line[256];
-size_t g_abort_len = 0;
-
-void on_abort(int) {
-  if (g_abort_len > 0) {
-    ssize_t ignored = write(STDERR_FILENO, g_abort_line, g_abort_len);
-    (void)ignored;
-  }
-  std::signal(SIGABRT, SIG_DFL);
-  std::raise(SIGABRT);
-}
-
-void name_this_rank_on_abort(int rank) {
-  const int n = std::snprintf(g_abort_line, sizeof g_abort_line,
-                              "kit: rank %d aborted (SIGABRT): on GPUs usually NCCL's watchdog, "
-                              "after a collective timed out or failed (its reason is in the lines "
-                              "above; NCCL_DEBUG=INFO says more)\n", rank);
-  g_abort_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_abort_line - 1) : 0;
-  std::signal(SIGABRT, on_abort);
-}
-
 }  // namespace
 
 Setup setup(uint64_t seed) {
+  // Process-wide, first (kit/runtime/process.h): an uncaught exception ends the process with one
+  // line (on a background thread, NCCL's watchdog included, as an abort), and glibc's malloc
+  // keeps freed memory. The flag parser has usually done it already; a second call does nothing.
+  prepare_process();
   if (g_group) throw SetupError("setup() was called twice");
   RankEnv env = read_rank_env();
 
@@ -302,7 +228,7 @@ Setup setup(uint64_t seed) {
   // From here on c10d's errors are the only word on what went wrong: NCCL's watchdog logs why it
   // aborts a rank (which collective timed out or failed) at ERROR, just before the abort.
   FLAGS_caffe2_log_level = log_level;
-  name_this_rank_on_abort(env.rank);
+  name_rank_on_abort(env.rank);  // a SIGABRT from here on names this rank (process.h)
 
   // One rank per GPU, checked across the ranks (kit/runtime/env.h, shared_gpu): every rank says
   // which node and GPU it drives, and two ranks on one GPU stop every rank with the same line. Only

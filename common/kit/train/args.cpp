@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kit/runtime/process.h"  // prepare_process()
+
 namespace kit {
 
 void flag_error(const std::string& msg) {
@@ -64,6 +66,10 @@ std::string take_flag(int& argc, char** argv, const std::string& name, const std
 }
 
 void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
+  // A kit program's first kit call: from here on an uncaught exception is one line, also before
+  // setup() (missing data in the single-GPU trainer), and malloc keeps freed memory
+  // (kit/runtime/process.h; setup() does it again for programs without flags).
+  prepare_process();
   auto find = [&](const std::string& name) -> const Flag* {
     for (const Flag& f : flags)
       if (f.name == name) return &f;
