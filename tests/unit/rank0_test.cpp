@@ -4,7 +4,8 @@
 // program; this test starts it and judges what can be seen from outside: the combined output,
 // the file and, for save0, the file system's own record of who wrote what (inotify). Also what
 // a whole process does (kit/runtime/process.h): how an uncaught exception ends a rank, on its main
-// thread or on another one as c10d's NCCL watchdog throws, and glibc's malloc settings.
+// thread or on another one as c10d's NCCL watchdog throws, and glibc's malloc settings, and
+// subgroups (kit::new_group) in a job of processes.
 //
 // No LibTorch in this file: it only starts programs and reads what they leave behind.
 #include <sys/inotify.h>
@@ -276,6 +277,41 @@ TEST(Rank0Helpers, MallocKeepsLargeBlocksUnlessKitMallocIsDefault) {
   if (tuned == "skip") GTEST_SKIP() << "mallinfo2 needs glibc 2.33 or newer";
   EXPECT_EQ(tuned, "0");
   EXPECT_EQ(plain, "1");
+}
+
+// kit::new_group() in a job of 4 processes: two groups of two, each all-reduce over its own pair;
+// the trace names the group of each collective (common/kit/check/observe.h).
+TEST(Rank0Helpers, SubgroupsReduceOverTheirRanksAndTheTraceNamesTheGroup) {
+  kit_test::TempDir tmp("kit-rank0");
+  Result r = run_probe(4, {"subgroups"}, tmp.path,
+                       {{"KIT_TIMEOUT", "20"}, {"KIT_TRACE_DIR", tmp.path.string()}});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  auto sums = matches(r.out, std::regex(R"(subgroup rank (\d): (\S+)$)"));
+  ASSERT_EQ(sums.size(), 4u) << r;
+  for (auto& m : sums) EXPECT_EQ(m[2], std::stoi(m[1]) < 2 ? "3" : "7") << "rank " << m[1];
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string trace = kit_test::read_file(tmp.path / ("rank" + std::to_string(rank) + ".trace"));
+    const std::string pair = rank < 2 ? "0,1" : "2,3";
+    EXPECT_EQ(matches(trace, std::regex("^coll seq=1 kind=all_reduce .* site=rank0_probe.cpp:\\d+ group=" + pair + "$")).size(), 1u)
+        << "rank " << rank << ":\n" << trace;
+    EXPECT_EQ(matches(trace, std::regex("^coll seq=1 kind=barrier .* group=world$")).size(), 1u)
+        << "rank " << rank << ":\n" << trace;
+  }
+}
+
+// A bad group ends the rank with one line that names the probe's line, and a non-zero exit.
+TEST(Rank0Helpers, BadGroupsAreOneErrorLineNamingTheCall) {
+  kit_test::TempDir tmp("kit-rank0");
+  const std::pair<const char*, const char*> cases[] = {
+      {"member", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) on group 0, which rank 1 is not a member of"},
+      {"world", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) was given a group of another world"},
+      {"ranks", "rank 1: error: rank 1: new_group \\(rank0_probe.cpp:\\d+\\) was given rank 0 twice"}};
+  for (auto [what, says] : cases) {
+    Result r = run_probe(2, {"group_error", what}, tmp.path);
+    EXPECT_NE(r.exit_code, 0) << what << "\n" << r;
+    EXPECT_EQ(matches(r.err, std::regex(std::string("^\\[rank 1\\] ") + says)).size(), 1u) << what << "\n" << r;
+    EXPECT_LT(r.seconds, 20) << r;
+  }
 }
 
 TEST(Rank0Helpers, KitTimeoutThatIsNotANumberIsOneErrorLine) {

@@ -324,8 +324,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  Options options)
     : reducer_(std::make_shared<Reducer>()) {
   Reducer& r = *reducer_;
-  if (!options.group) r.keep_group = default_group_ptr();
-  r.group = options.group ? options.group : r.keep_group.get();
+  r.keep_group = group_or_world(options.group, "DistributedDataParallel");
+  r.group = r.keep_group.get();
   r.options = options;
   for (auto& item : module->named_parameters())
     if (item.value().requires_grad()) {

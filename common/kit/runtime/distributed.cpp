@@ -285,34 +285,71 @@ std::shared_ptr<ProcessGroup> default_group_ptr() {
 ProcessGroup& default_group() { return *default_group_ptr(); }
 
 namespace {
-ProcessGroup& group_for(const char* what, const CallSite& site) {
-  if (!g_group && g_destroyed) after_destroy(what, &site);
-  return default_group();
+// A given group must come from this job's world: a group of another world (local_groups()) has
+// other peers altogether, and would pair this rank with threads of its own process.
+void check_world(const ProcessGroup& group, const char* what, const CallSite* site) {
+  if (!g_group || group.same_world(*g_group)) return;
+  throw CommError("rank " + std::to_string(g_rank) + ": " + what +
+                  (site ? " (" + site->str() + ")" : "") + " was given a group of another world "
+                  "(not made from setup()'s group, e.g. one of ProcessGroup::local_groups()): a "
+                  "job's groups come from kit::new_group()");
+}
+
+ProcessGroup& group_for(const char* what, GroupRef group, const CallSite& site) {
+  if (!group.get()) {
+    if (!g_group && g_destroyed) after_destroy(what, &site);
+    return default_group();
+  }
+  check_world(*group.get(), what, &site);
+  group.get()->require_member(what, &site);
+  return *group.get();
 }
 }  // namespace
 
-void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
-  ProcessGroup& g = group_for("all_reduce", site);
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, GroupRef parent, CallSite site) {
+  return group_for("new_group", parent, site).new_group(std::move(ranks), site);
+}
+
+std::shared_ptr<ProcessGroup> group_or_world(ProcessGroup* group, const char* what,
+                                             const CallSite* site) {
+  if (!group) return default_group_ptr();
+  check_world(*group, what, site);
+  group->require_member(what, site);
+  return std::shared_ptr<ProcessGroup>(std::shared_ptr<ProcessGroup>(), group);  // owns nothing
+}
+
+void all_reduce(torch::Tensor& tensor, ReduceOp op, GroupRef group, CallSite site) {
+  ProcessGroup& g = group_for("all_reduce", group, site);
   // The checker reads what went in and came out (small tensors: a loss, an evaluation's sums).
   const observe::AllReduceInput before = observe::before_all_reduce(tensor);
   g.all_reduce(tensor, op, site);
   observe::all_reduce(before, op, tensor);
 }
 
-void broadcast(torch::Tensor& tensor, int root, CallSite site) {
-  group_for("broadcast", site).broadcast(tensor, root, site);
+void broadcast(torch::Tensor& tensor, int root, GroupRef group, CallSite site) {
+  ProcessGroup& g = group_for("broadcast", group, site);
+  // torch.distributed.broadcast's src is a rank of the world whatever the group; c10d's backend
+  // takes the group's own number for it.
+  const int from = g.group_rank(root);
+  if (from < 0)
+    throw CommError("rank " + std::to_string(g.global_rank(g.rank())) + ": broadcast (" +
+                    site.str() + "): root " + std::to_string(root) + " is not in " +
+                    (g.name() == "world" ? "the world (ranks 0 to " + std::to_string(g.size() - 1) + ")"
+                                         : "group " + g.name() + " (root is a world rank, as torch's src)"));
+  g.broadcast(tensor, from, site);
 }
 
-void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site) {
-  group_for("all_gather", site).all_gather(output, input, site);
+void all_gather(torch::Tensor& output, const torch::Tensor& input, GroupRef group, CallSite site) {
+  group_for("all_gather", group, site).all_gather(output, input, site);
 }
 
 void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op,
-                    CallSite site) {
-  group_for("reduce_scatter", site).reduce_scatter(output, input, op, site);
+                    GroupRef group, CallSite site) {
+  group_for("reduce_scatter", group, site).reduce_scatter(output, input, op, site);
 }
 
-void barrier(CallSite site) { group_for("barrier", site).barrier(site); }
+void barrier(GroupRef group, CallSite site) { group_for("barrier", group, site).barrier(site); }
+void barrier(CallSite site) { barrier(GroupRef(), site); }
 
 void print0(const char* format, ...) {
   if (g_destroyed) after_destroy("print0", nullptr);

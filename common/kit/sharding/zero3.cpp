@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "kit/train/clip.h"           // clip_shard_grads_: the global norm over every unit's shard
-#include "kit/runtime/distributed.h"  // default_group_ptr
+#include "kit/runtime/distributed.h"  // group_or_world
 
 namespace kit {
 
@@ -209,8 +209,8 @@ FullyShardedModel::FullyShardedModel(std::vector<TransformerLMImpl::Unit> units,
 
 FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
                                      FullyShardedOptions sharding)
-    : keep_group_(options.group ? nullptr : default_group_ptr()),
-      group_(options.group ? options.group : keep_group_.get()),
+    : keep_group_(group_or_world(options.group, "FullyShardedModel", &options.site)),
+      group_(keep_group_.get()),
       recompute_(sharding.recompute) {
   stage_3(options);
   max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");
