@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "kit/runtime/process.h"    // prepare_process: one-line errors, malloc as in a trainer
 #include "kit/train/memory.h"       // install: the counting allocator, for the peaks
 #include "kit/sharding/sharding.h"  // formula_bytes, ring_bytes
 #include "zero_runs.h"              // kit_bench::train
@@ -54,6 +55,7 @@ double theory_sent(int stage, int64_t P, int64_t padded, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kit::prepare_process();  // as a trainer's flag parser does (no kit flags here)
   kit_bench::Setup s;
   s.model.vocab_size = 2000;
   s.model.d_model = 128;

@@ -42,7 +42,7 @@ SELF = {"common/tools/kit_layout.py", "tests/slides/test_kit_layout.py"}
 # Folder -> what it holds, in the course's order. A new folder gets its line here.
 FOLDERS = {
     "runtime": "the processes and their group: the rank environment, `setup()`, the process "
-               "group over Gloo or NCCL, the collectives, `print0`/`save0`, the device rule, "
+               "group over Gloo or NCCL and its subgroups, the collectives, `print0`/`save0`, the device rule, "
                "files written atomically",
     "data": "datasets (WikiText, CIFAR-10), `DistributedSampler`, the `DataLoader` and its "
             "worker threads",

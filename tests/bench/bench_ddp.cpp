@@ -63,6 +63,7 @@
 #include "kit/train/args.h"
 #include "kit/ddp/ddp.h"
 #include "kit/runtime/distributed.h"
+#include "kit/runtime/process.h"
 #include "kit/models/transformer_lm.h"
 #include "kit/data/wikitext.h"
 
@@ -174,6 +175,7 @@ std::vector<double> over_ranks(const std::vector<double>& mine, kit::ReduceOp op
 }  // namespace
 
 int main(int argc, char** argv) {
+  kit::prepare_process();  // as a trainer's flag parser does: one-line errors, malloc as in training
   BenchArgs args = parse(argc, argv);
   const kit::TrainArgs train;  // the trainer's defaults: the sizes we benchmark
   const int64_t batch = args.batch > 0 ? args.batch : train.batch_size;

@@ -31,8 +31,8 @@ report the tail as the wait (see bench_ddp.cpp): NCCL's wait() does not block th
 Only the Python standard library here; the torch side runs under --python (the bench target passes
 the Python whose torch is the build's LibTorch).
 Threads: OMP_NUM_THREADS and --threads are set to the same value for both implementations.
-Memory: the kit keeps freed memory in the process (glibc's mallopt, set when kit_common loads:
-common/kit/runtime/distributed.cpp); the Python runs get the same two settings through glibc's
+Memory: the kit keeps freed memory in the process (glibc's mallopt, set by setup():
+common/kit/runtime/process.cpp); the Python runs get the same two settings through glibc's
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_, so that the ratios compare C++ with Python, not
 two allocator settings. BENCH_MALLOC=default runs both sides with glibc's defaults.
 Each batch ends with issue 14's goals, judged repeat by repeat ("met in every repeat", "met by the
@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 
-# The kit's allocator settings (kit/runtime/distributed.cpp, 1 GiB each) for both sides; or glibc's
+# The kit's allocator settings (kit/runtime/process.cpp, 1 GiB each) for both sides; or glibc's
 # defaults for both (the kit's own switch is KIT_MALLOC=default).
 if os.environ.get("BENCH_MALLOC") == "default":
     MALLOC_ENV = {"KIT_MALLOC": "default"}

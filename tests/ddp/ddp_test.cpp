@@ -36,6 +36,7 @@
 
 #include "kit/data/data_loader.h"
 #include "kit/ddp/ddp.h"
+#include "kit/runtime/process.h"        // prepare_process: the death test's terminate handler
 #include "kit/runtime/process_group.h"
 #include "kit/models/resnet.h"         // ResNet: a model with batch norm
 #include "kit/models/transformer_lm.h"
@@ -459,11 +460,13 @@ TEST(DDPUnusedParameters, ByDefaultBackwardFailsNamingThem) {
   }
 }
 
-// The same mistake in a program: one line on stderr, exit 1 (the kit's terminate handler).
+// The same mistake in a program: one line on stderr, exit 1 (the kit's terminate handler, which
+// a trainer's flag parser or setup() installs: kit/runtime/process.h).
 TEST(DDPUnusedParametersDeathTest, OneLineAndExitOne) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       [] {
+        kit::prepare_process();
         struct OneUnusedImpl : torch::nn::Module {
           torch::Tensor w = register_parameter("w", torch::ones({2}));
           torch::Tensor idle = register_parameter("idle", torch::ones({2}));

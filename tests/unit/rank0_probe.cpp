@@ -19,12 +19,28 @@
 //                       forwards every rank's output.
 //   all_reduce          kit::all_reduce of a closed-form tensor per rank (x_r below) with every
 //                       op, in float32 and float64; prints "all_reduce OP DTYPE rank R: a b c d".
+//   abort               rank 1 logs a reason through c10's logging and calls std::abort().
+//   thread_throws R     rank R throws from a std::thread of its own, as c10d's NCCL watchdog
+//                       rethrows a collective's failure; the other ranks wait in a barrier.
+//   main_throws R       rank R throws on its main thread (nobody catches it).
+//   subgroups           (4 ranks) kit::new_group({0, 1}) and ({2, 3}); kit::all_reduce of
+//                       rank + 1 on this rank's pair, "subgroup rank R: S"; then a world barrier.
+//   group_error WHAT    a bad group, which must end the rank with one line naming this file:
+//                       member (ranks other than 0 all-reduce on group {0}), world (a group of
+//                       local_groups(), not of setup()'s world), ranks (new_group({0, 0})).
+//   malloc              prints "malloc: mmapped=N": how many blocks glibc mapped for one 64 MiB
+//                       allocation (above glibc's largest own threshold, 32 MiB: 1 unless the kit
+//                       raised the threshold, kit/runtime/process.h).
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>  // mallinfo2
+#endif
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -96,11 +112,33 @@ int all_reduce(int rank) {
   return 0;
 }
 
+// One 64 MiB block: does glibc map it from the kernel (1) or take it from the heap (0)?
+int malloc_probe() {
+#if defined(__GLIBC__)
+#if __GLIBC_PREREQ(2, 33)
+#define KIT_PROBE_MALLINFO2 1
+#endif
+#endif
+#if defined(KIT_PROBE_MALLINFO2)
+  const auto before = mallinfo2().hblks;
+  void* volatile block = std::malloc(64 << 20);
+  static_cast<char*>(block)[0] = 1;
+  const auto after = mallinfo2().hblks;
+  std::free(block);
+  std::printf("malloc: mmapped=%d\n", static_cast<int>(after - before));
+  return 0;
+#else
+  std::printf("malloc: not glibc 2.33 or newer\n");
+  return 0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: rank0_probe save0 PATH SECONDS | print0 K | all_reduce | abort\n");
+    std::fprintf(stderr, "usage: rank0_probe save0 PATH SECONDS | print0 K | all_reduce | abort | "
+                         "thread_throws R | main_throws R | subgroups | group_error WHAT | malloc\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -121,6 +159,44 @@ int main(int argc, char** argv) {
     kit::barrier();
     rc = 0;
   }
+  else if (cmd == "thread_throws" && argc == 3) {
+    if (setup.rank == std::atoi(argv[2]))
+      std::thread([] {
+        throw std::runtime_error("probe: Watchdog caught collective operation timeout\n(c10d's "
+                                 "second line)");
+      }).join();
+    kit::barrier();
+    rc = 0;
+  }
+  else if (cmd == "main_throws" && argc == 3) {
+    if (setup.rank == std::atoi(argv[2]))
+      throw std::runtime_error("probe: a bad batch\n(a second line)");
+    kit::barrier();
+    rc = 0;
+  }
+  else if (cmd == "subgroups" && argc == 2) {
+    auto low = kit::new_group({0, 1});
+    auto high = kit::new_group({2, 3});
+    auto& mine = low->is_member() ? low : high;
+    torch::Tensor x = torch::tensor({float(setup.rank + 1)});
+    kit::all_reduce(x, kit::ReduceOp::SUM, mine);
+    std::printf("subgroup rank %d: %g\n", setup.rank, x.item<double>());
+    kit::barrier();
+    rc = 0;
+  }
+  else if (cmd == "group_error" && argc == 3) {
+    const std::string what = argv[2];
+    torch::Tensor t = torch::ones({1});
+    kit::barrier();  // every rank is past setup() before one of them stops
+    if (what == "member") {
+      kit::all_reduce(t, kit::ReduceOp::SUM, kit::new_group({0}));  // rank 0 alone: fine
+      kit::barrier();  // rank 0 waits here until the others have failed
+    }
+    if (what == "world") kit::all_reduce(t, kit::ReduceOp::SUM, kit::ProcessGroup::local_groups(1)[0]);
+    if (what == "ranks") kit::new_group({0, 0});
+    rc = 3;  // the error did not come
+  }
+  else if (cmd == "malloc" && argc == 2) rc = malloc_probe();
   else std::fprintf(stderr, "rank0_probe: bad arguments for '%s'\n", cmd.c_str());
   std::fflush(stdout);
   kit::destroy_process_group();

@@ -2,7 +2,10 @@
 // ranks: separate processes started by ddprun, each joining with kit::setup() as a trainer does,
 // since these helpers use the default group that setup() makes. tests/unit/rank0_probe.cpp is the
 // program; this test starts it and judges what can be seen from outside: the combined output,
-// the file and, for save0, the file system's own record of who wrote what (inotify).
+// the file and, for save0, the file system's own record of who wrote what (inotify). Also what
+// a whole process does (kit/runtime/process.h): how an uncaught exception ends a rank, on its main
+// thread or on another one as c10d's NCCL watchdog throws, and glibc's malloc settings, and
+// subgroups (kit::new_group) in a job of processes.
 //
 // No LibTorch in this file: it only starts programs and reads what they leave behind.
 #include <sys/inotify.h>
@@ -210,6 +213,105 @@ TEST(Rank0Helpers, AnAbortedRankSaysWhichRankAndKeepsC10dsReason) {
   EXPECT_NE(r.err.find("kit: rank 1 aborted (SIGABRT)"), std::string::npos) << r;
   EXPECT_EQ(r.err.find("kit: rank 0 aborted"), std::string::npos) << r;
   EXPECT_LT(r.seconds, 20) << r;
+}
+
+// What c10d's NCCL watchdog really does when a collective times out or fails (with
+// TORCH_NCCL_ASYNC_ERROR_HANDLING, which setup() sets): it rethrows the error from its own thread,
+// and std::terminate, called there, aborts the process. The kit's terminate handler must let that
+// happen (SIGABRT, 134 through ddprun, reported as an aborted rank), with one line naming the rank
+// and the exception's first line, instead of turning it into exit(1) as for an error on the main
+// thread.
+TEST(Rank0Helpers, AnExceptionOnAnotherThreadAbortsTheRankAsC10dsWatchdogDoes) {
+  kit_test::TempDir tmp("kit-rank0");
+  Result r = run_probe(2, {"thread_throws", "1"}, tmp.path);
+  EXPECT_EQ(r.exit_code, 128 + SIGABRT) << r;
+  const std::regex line(R"(kit: rank 1 aborted \(SIGABRT\): an exception escaped thread \S+: probe: )"
+                        R"(Watchdog caught collective operation timeout$)");
+  EXPECT_EQ(matches(r.err, line).size(), 1u) << "one line naming rank 1 and the reason\n" << r;
+  EXPECT_EQ(matches(r.err, std::regex("kit: rank . aborted")).size(), 1u)
+      << "the generic abort line too, or another rank's\n" << r;
+  EXPECT_EQ(r.err.find("second line"), std::string::npos) << r;
+  EXPECT_EQ(r.err.find("rank 1: error:"), std::string::npos) << "ended as an error on the main thread\n" << r;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r;
+  // ddprun says it as it says every aborted rank (tests/launcher: RankAbortedIsNamedAsAborted).
+  EXPECT_EQ(matches(r.err, std::regex(R"(^ddprun: rank 1 \(pid \d+\) died: killed by signal 6 )"
+                                      R"(\(SIGABRT\): the rank aborted itself \(on GPUs usually )"
+                                      R"(NCCL's watchdog)")).size(), 1u) << r;
+  EXPECT_LT(r.seconds, 20) << r;
+
+  // Alone, without a launcher: the process itself ends by SIGABRT.
+  Process alone({PROBE_EXE, "thread_throws", "0"}, kit_test::clean_env("KIT_RANK0_TAG", g_tag, {}),
+                tmp.path, "alone");
+  Result a = alone.wait(30);
+  EXPECT_EQ(a.signal, SIGABRT) << a;
+  EXPECT_EQ(matches(a.err, std::regex(R"(^kit: rank 0 aborted \(SIGABRT\): an exception escaped )"
+                                      R"(thread \S+: probe: Watchdog caught collective operation timeout$)")).size(), 1u)
+      << a;
+}
+
+// On the main thread an uncaught exception stays one line and exit status 1.
+TEST(Rank0Helpers, AnExceptionOnTheMainThreadIsOneErrorLineAndExitOne) {
+  kit_test::TempDir tmp("kit-rank0");
+  Result r = run_probe(2, {"main_throws", "1"}, tmp.path);
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_EQ(matches(r.err, std::regex(R"(^\[rank 1\] rank 1: error: probe: a bad batch$)")).size(), 1u) << r;
+  EXPECT_EQ(r.err.find("aborted"), std::string::npos) << r;
+  EXPECT_EQ(r.err.find("second line"), std::string::npos) << r;
+}
+
+// glibc's malloc keeps freed memory in the process unless KIT_MALLOC=default
+// (kit/runtime/process.h): a 64 MiB block (above glibc's own largest threshold) comes from the
+// heap, or, with glibc's settings, is mapped from the kernel.
+TEST(Rank0Helpers, MallocKeepsLargeBlocksUnlessKitMallocIsDefault) {
+  kit_test::TempDir tmp("kit-rank0");
+  auto mapped = [&](const std::map<std::string, std::string>& env) {
+    Process p({PROBE_EXE, "malloc"}, kit_test::clean_env("KIT_RANK0_TAG", g_tag, env), tmp.path,
+              "malloc");
+    Result r = p.wait(30);
+    EXPECT_EQ(r.exit_code, 0) << r;
+    auto m = matches(r.out, std::regex(R"(^malloc: mmapped=(\d+)$)"));
+    if (r.out.find("not glibc") != std::string::npos) return std::string("skip");
+    return m.size() == 1 ? m[0][1] : "no line:\n" + r.out;
+  };
+  const std::string tuned = mapped({}), plain = mapped({{"KIT_MALLOC", "default"}});
+  if (tuned == "skip") GTEST_SKIP() << "mallinfo2 needs glibc 2.33 or newer";
+  EXPECT_EQ(tuned, "0");
+  EXPECT_EQ(plain, "1");
+}
+
+// kit::new_group() in a job of 4 processes: two groups of two, each all-reduce over its own pair;
+// the trace names the group of each collective (common/kit/check/observe.h).
+TEST(Rank0Helpers, SubgroupsReduceOverTheirRanksAndTheTraceNamesTheGroup) {
+  kit_test::TempDir tmp("kit-rank0");
+  Result r = run_probe(4, {"subgroups"}, tmp.path,
+                       {{"KIT_TIMEOUT", "20"}, {"KIT_TRACE_DIR", tmp.path.string()}});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  auto sums = matches(r.out, std::regex(R"(subgroup rank (\d): (\S+)$)"));
+  ASSERT_EQ(sums.size(), 4u) << r;
+  for (auto& m : sums) EXPECT_EQ(m[2], std::stoi(m[1]) < 2 ? "3" : "7") << "rank " << m[1];
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string trace = kit_test::read_file(tmp.path / ("rank" + std::to_string(rank) + ".trace"));
+    const std::string pair = rank < 2 ? "0,1" : "2,3";
+    EXPECT_EQ(matches(trace, std::regex("^coll seq=1 kind=all_reduce .* site=rank0_probe.cpp:\\d+ group=" + pair + "$")).size(), 1u)
+        << "rank " << rank << ":\n" << trace;
+    EXPECT_EQ(matches(trace, std::regex("^coll seq=1 kind=barrier .* group=world$")).size(), 1u)
+        << "rank " << rank << ":\n" << trace;
+  }
+}
+
+// A bad group ends the rank with one line that names the probe's line, and a non-zero exit.
+TEST(Rank0Helpers, BadGroupsAreOneErrorLineNamingTheCall) {
+  kit_test::TempDir tmp("kit-rank0");
+  const std::pair<const char*, const char*> cases[] = {
+      {"member", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) on group 0, which rank 1 is not a member of"},
+      {"world", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) was given a group of another world"},
+      {"ranks", "rank 1: error: rank 1: new_group \\(rank0_probe.cpp:\\d+\\) was given rank 0 twice"}};
+  for (auto [what, says] : cases) {
+    Result r = run_probe(2, {"group_error", what}, tmp.path);
+    EXPECT_NE(r.exit_code, 0) << what << "\n" << r;
+    EXPECT_EQ(matches(r.err, std::regex(std::string("^\\[rank 1\\] ") + says)).size(), 1u) << what << "\n" << r;
+    EXPECT_LT(r.seconds, 20) << r;
+  }
 }
 
 TEST(Rank0Helpers, KitTimeoutThatIsNotANumberIsOneErrorLine) {

@@ -1,5 +1,6 @@
-// Unit tests of common/kit: collectives, save0, the rank environment, device choice and the
-// DistributedSampler (assign_buckets() is tested with DDP, in tests/ddp/ddp_grads_test.cpp).
+// Unit tests of common/kit: collectives and subgroups (with DDP on a subgroup), save0, the rank
+// environment, device choice and the DistributedSampler (assign_buckets() is tested with DDP, in
+// tests/ddp/ddp_grads_test.cpp).
 // Everything runs inside this one process: the collectives use ProcessGroup::local_groups(), one
 // std::thread per rank.
 //
@@ -28,6 +29,7 @@
 #include <torch/torch.h>
 
 #include "kit/data/data_loader.h"
+#include "kit/ddp/ddp.h"
 #include "kit/runtime/distributed.h"
 #include "kit/runtime/env.h"
 #include "kit/runtime/process_group.h"
@@ -359,6 +361,276 @@ TEST(CollectivesFailure, MissingPeerGivesCommErrorAfterTheTimeout) {
   EXPECT_NE(what.find("timed out after 1 s"), std::string::npos) << what;
   EXPECT_NE(what.find("every rank must call every collective, in the same order"),
             std::string::npos) << what;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subgroups: new_group() on in-process ranks (kit/runtime/process_group.h)
+// ---------------------------------------------------------------------------------------------
+
+// Every rank of `world` makes the two groups {0, 1} and {2, 3}, in this order, and returns its own.
+std::shared_ptr<kit::ProcessGroup> pair_of(kit::ProcessGroup& world) {
+  auto low = world.new_group({1, 0});  // sorted, as torch's new_group: group rank 0 is world rank 0
+  auto high = world.new_group({2, 3});
+  EXPECT_NE(low->is_member(), high->is_member()) << "rank " << world.rank();
+  return low->is_member() ? low : high;
+}
+
+// x_k = {k + 1, -(k + 1)^2, 10 if k is odd else 0, k / 2}: rank k's input to the all-reduces.
+torch::Tensor x_of(int k) {
+  const double r = k;
+  return torch::tensor({r + 1, -(r + 1) * (r + 1), k % 2 ? 10.0 : 0.0, 0.5 * r}, torch::kDouble);
+}
+
+// Four ranks as two groups of two: each collective of distributed.h and kit::control, on each
+// group, gives the reduction over that group's two ranks only.
+TEST(Subgroups, EveryCollectiveOnTwoGroupsOfTwoReducesOverItsOwnGroup) {
+  std::atomic<int> arrived[2] = {0, 0};
+  on_ranks(4, [&](kit::ProcessGroup& world) {
+    const int r = world.rank();
+    auto mine = pair_of(world);
+    kit::ProcessGroup& g = *mine;
+    const std::vector<int> members = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    EXPECT_EQ(g.ranks(), members);
+    EXPECT_EQ(g.rank(), r % 2);
+    EXPECT_EQ(g.size(), 2);
+    EXPECT_EQ(g.global_rank(1), members[1]);
+    EXPECT_EQ(g.group_rank(r), r % 2);
+    EXPECT_EQ(g.group_rank(r < 2 ? 2 : 0), -1);
+    EXPECT_EQ(g.name(), r < 2 ? "0,1" : "2,3");
+    EXPECT_TRUE(g.same_world(world));
+
+    // all_reduce, every op (the free function, as a trainer calls it, with the group).
+    const std::pair<kit::ReduceOp, std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> ops[] = {
+        {kit::ReduceOp::SUM, [](auto a, auto b) { return a + b; }},
+        {kit::ReduceOp::AVG, [](auto a, auto b) { return (a + b) / 2; }},
+        {kit::ReduceOp::MAX, [](auto a, auto b) { return torch::maximum(a, b); }},
+        {kit::ReduceOp::MIN, [](auto a, auto b) { return torch::minimum(a, b); }}};
+    for (auto& [op, reduce] : ops) {
+      auto t = x_of(r);
+      kit::all_reduce(t, op, mine);
+      auto want = reduce(x_of(members[0]), x_of(members[1]));
+      EXPECT_TRUE(torch::equal(t, want)) << kit::to_string(op) << " on rank " << r << ": " << t;
+    }
+
+    // broadcast from group rank 1: its world rank, as torch's src.
+    auto b = torch::arange(6, torch::kFloat) + 100.0f * r;
+    kit::broadcast(b, g.global_rank(1), mine);
+    EXPECT_TRUE(torch::equal(b, torch::arange(6, torch::kFloat) + 100.0f * members[1])) << b;
+
+    // all_gather: the group's inputs, in group-rank order.
+    auto out = torch::zeros({2, 3});
+    kit::all_gather(out, torch::tensor({float(r), float(10 * r + 1), float(-r)}), mine);
+    for (int k = 0; k < 2; ++k) {
+      const float m = float(members[k]);
+      EXPECT_TRUE(torch::equal(out[k], torch::tensor({m, 10 * m + 1, -m}))) << "rank " << r << ": " << out;
+    }
+
+    // reduce_scatter: chunk k of rank m holds 100 k + m; group rank k gets the group's sum of it.
+    auto in = torch::tensor({100.0f * 0 + r, 100.0f * 1 + r});
+    auto chunk = torch::zeros({1});
+    kit::reduce_scatter(chunk, in, kit::ReduceOp::SUM, mine);
+    EXPECT_EQ(chunk.item<float>(), 2 * 100.0f * (r % 2) + members[0] + members[1]) << "rank " << r;
+
+    // barrier: each group's second rank comes 200 ms late; its partner waits for it, for it only.
+    if (r % 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    arrived[r / 2]++;
+    kit::barrier(mine);
+    EXPECT_EQ(arrived[r / 2].load(), 2) << "rank " << r << " left the barrier before its partner";
+
+    // kit::control, on the group (roots and order: group ranks).
+    auto sum = kit::control::all_reduce(g, torch::tensor({int64_t(r), int64_t(1)}), kit::ReduceOp::SUM);
+    EXPECT_TRUE(torch::equal(sum, torch::tensor({int64_t(members[0] + members[1]), int64_t(2)}))) << sum;
+    auto all = kit::control::all_gather(g, torch::tensor({int64_t(r)}));
+    EXPECT_TRUE(torch::equal(all, torch::tensor({int64_t(members[0]), int64_t(members[1])}))) << all;
+    auto root = kit::control::broadcast(g, torch::tensor({int64_t(10 + r)}), 1);
+    EXPECT_EQ(root.item<int64_t>(), 10 + members[1]);
+
+    // The world is untouched by it all: its own sequence, every rank in it.
+    auto w = torch::ones({1});
+    kit::all_reduce(w, kit::ReduceOp::SUM, world);
+    EXPECT_EQ(w.item<float>(), 4.0f);
+    EXPECT_EQ(world.collectives(), 1);
+  });
+}
+
+// A group of a group, and two groups of the same ranks: each its own communicator and sequence.
+TEST(Subgroups, GroupsOfAGroupAndRepeatedRanksAreGroupsOfTheirOwn) {
+  on_ranks(4, [&](kit::ProcessGroup& world) {
+    const int r = world.rank();
+    auto three = world.new_group({0, 1, 2});
+    auto again = world.new_group({0, 1, 2});
+    if (r == 3) {
+      EXPECT_FALSE(three->is_member());
+      EXPECT_EQ(three->rank(), -1);
+      EXPECT_EQ(three->size(), -1);
+      EXPECT_EQ(three->ranks(), (std::vector<int>{0, 1, 2}));
+      return;
+    }
+    auto inner = three->new_group({2, 1});  // world ranks, members of the parent
+    if (r == 0) {
+      EXPECT_FALSE(inner->is_member());
+    } else {
+      EXPECT_EQ(inner->ranks(), (std::vector<int>{1, 2}));
+      EXPECT_EQ(inner->rank(), r - 1);
+      auto t = torch::tensor({double(r)});
+      kit::all_reduce(t, kit::ReduceOp::SUM, inner);
+      EXPECT_EQ(t.item<double>(), 3.0);
+    }
+    auto a = torch::tensor({1.0}), b = torch::tensor({double(r)});
+    kit::all_reduce(a, kit::ReduceOp::SUM, three);
+    kit::all_reduce(b, kit::ReduceOp::MAX, again);
+    EXPECT_EQ(a.item<double>(), 3.0);
+    EXPECT_EQ(b.item<double>(), 2.0);
+    EXPECT_EQ(three->collectives(), 1);
+    EXPECT_EQ(again->collectives(), 1);
+  });
+}
+
+// Each bad use is one CommError of one line that names the call and its line in this file.
+TEST(Subgroups, BadRanksAndNonMembersAreOneLineNamingTheCall) {
+  auto one_line = [](const std::function<void()>& call, const std::string& says) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected: " << says;
+    } catch (const kit::CommError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(says), std::string::npos) << what;
+      EXPECT_NE(what.find("unit_test.cpp:"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  };
+  on_ranks(4, [&](kit::ProcessGroup& world) {
+    const int r = world.rank();
+    one_line([&] { world.new_group({}); }, "new_group (unit_test.cpp:");
+    one_line([&] { world.new_group({}); }, "was given no ranks");
+    one_line([&] { world.new_group({0, 4}); }, "was given rank 4, which is not in the world (ranks 0 to 3)");
+    one_line([&] { world.new_group({-1, 0}); }, "was given rank -1");
+    one_line([&] { world.new_group({1, 2, 1}); }, "was given rank 1 twice");
+    auto pair = pair_of(world);  // refused calls made no group: the numbering is still in step
+    one_line([&] { pair->new_group({r, (r + 2) % 4}); }, "which is not in its parent, group");
+    auto first = world.new_group({0});
+    if (r == 0) {
+      auto t = torch::ones({1});
+      kit::all_reduce(t, kit::ReduceOp::SUM, first);  // a group of one: its own value
+      EXPECT_EQ(t.item<float>(), 1.0f);
+      return;
+    }
+    auto t = torch::ones({2});
+    auto out = torch::zeros({4});
+    const std::string not_member = "on group 0, which rank " + std::to_string(r) + " is not a member of";
+    one_line([&] { kit::all_reduce(t, kit::ReduceOp::SUM, first); }, "all_reduce (unit_test.cpp:");
+    one_line([&] { kit::all_reduce(t, kit::ReduceOp::SUM, first); }, not_member);
+    one_line([&] { kit::broadcast(t, 0, first); }, not_member);
+    one_line([&] { kit::all_gather(out, t, first); }, not_member);
+    one_line([&] { kit::reduce_scatter(t, out, kit::ReduceOp::SUM, first); }, not_member);
+    one_line([&] { kit::barrier(first); }, "barrier (unit_test.cpp:");
+    one_line([&] { first->all_reduce(t, kit::ReduceOp::SUM); }, not_member);
+    one_line([&] { kit::control::all_gather(*first, t); }, not_member);
+    one_line([&] { first->new_group({0}); }, "new_group (unit_test.cpp:");
+    // The root of kit::broadcast is a world rank, and must be in the group.
+    auto b = torch::zeros({1});
+    one_line([&] { kit::broadcast(b, r < 2 ? 2 : 0, pair); }, " is not in group ");
+    // An object on a group this rank is not in.
+    torch::nn::Linear model(2, 1);
+    kit::DistributedDataParallel::Options o;
+    o.group = first.get();
+    try {
+      kit::DistributedDataParallel ddp(model, o);
+      ADD_FAILURE() << "DDP on a group without this rank";
+    } catch (const kit::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("DistributedDataParallel on group 0, which rank"),
+                std::string::npos) << e.what();
+    }
+  });
+}
+
+// Members that were given different ranks for one call find out at once, instead of pairing up
+// with the wrong peers (or waiting for ones that never come until the timeout).
+TEST(Subgroups, MembersGivenDifferentRanksAreTold) {
+  auto groups = kit::ProcessGroup::local_groups(3, std::chrono::seconds(3));
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        groups[r]->new_group(r < 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2});
+      } catch (const kit::CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  int told = 0;
+  for (auto& e : errors) told += e.find("must make the same groups, in the same order") != std::string::npos;
+  EXPECT_GE(told, 1) << errors[0] << "\n" << errors[1] << "\n" << errors[2];
+}
+
+// Groups of two worlds (two calls of local_groups) are not the same world; a subgroup is its
+// parent's. (kit::all_reduce refusing another world's group after setup(): tests/unit/rank0_test.)
+TEST(Subgroups, AGroupKnowsItsWorld) {
+  auto a = kit::ProcessGroup::local_groups(1), b = kit::ProcessGroup::local_groups(1);
+  auto sub = a[0]->new_group({0});
+  EXPECT_TRUE(sub->same_world(*a[0]));
+  EXPECT_FALSE(sub->same_world(*b[0]));
+  EXPECT_FALSE(a[0]->same_world(*b[0]));
+  EXPECT_EQ(a[0]->name(), "world");
+  EXPECT_EQ(sub->name(), "0");
+}
+
+// DDP on each of two groups of two, with different data: each group's replicas start from their
+// group rank 0's weights, stay equal within the group, differ between the groups, and match one
+// process that trains on the group's two batches together (the average is over the group only).
+TEST(Subgroups, DistributedDataParallelOnEachGroupAveragesOverItsGroupOnly) {
+  constexpr int kSteps = 3;
+  auto initial = [](int r) { return torch::arange(4, torch::kDouble).view({1, 4}) * 0.1 + r; };
+  auto batch = [](int r, int step) {
+    auto x = torch::arange(8, torch::kDouble).view({2, 4}) * (0.05 * (r + 1)) + 0.1 * step;
+    auto y = torch::full({2, 1}, (r < 2 ? 1.0 : -1.0) * (r + 1), torch::kDouble);
+    return std::make_pair(x, y);
+  };
+  auto make = [&](int r) {
+    torch::nn::Linear m(torch::nn::LinearOptions(4, 1));
+    m->to(torch::kDouble);
+    torch::NoGradGuard no_grad;
+    m->weight.copy_(initial(r));
+    m->bias.fill_(-r);
+    return m;
+  };
+  std::vector<torch::nn::Linear> models;
+  for (int r = 0; r < 4; ++r) models.push_back(make(r));
+  on_ranks(4, [&](kit::ProcessGroup& world) {
+    const int r = world.rank();
+    auto mine = pair_of(world);
+    kit::DistributedDataParallel::Options o;
+    o.group = mine.get();
+    kit::DistributedDataParallel ddp(models[r], o);
+    torch::optim::SGD sgd(models[r]->parameters(), torch::optim::SGDOptions(0.01));
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(r, step);
+      sgd.zero_grad();
+      torch::mse_loss(ddp.forward(x), y).backward();
+      sgd.step();
+    }
+  });
+  for (int group = 0; group < 2; ++group) {
+    // One process, the group's two batches in one: the mean of the two ranks' mean losses.
+    auto ref = make(2 * group);
+    torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.01));
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x0, y0] = batch(2 * group, step);
+      auto [x1, y1] = batch(2 * group + 1, step);
+      sgd.zero_grad();
+      torch::mse_loss(ref->forward(torch::cat({x0, x1})), torch::cat({y0, y1})).backward();
+      sgd.step();
+    }
+    for (int r : {2 * group, 2 * group + 1}) {
+      EXPECT_TRUE(torch::allclose(models[r]->weight, ref->weight, 1e-10, 1e-12))
+          << "rank " << r << ": " << models[r]->weight << " vs " << ref->weight;
+      EXPECT_TRUE(torch::allclose(models[r]->bias, ref->bias, 1e-10, 1e-12)) << "rank " << r;
+    }
+  }
+  EXPECT_TRUE(torch::equal(models[0]->weight, models[1]->weight));
+  EXPECT_TRUE(torch::equal(models[2]->weight, models[3]->weight));
+  EXPECT_FALSE(torch::allclose(models[0]->weight, models[2]->weight));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -58,11 +58,11 @@ void setup(int rank, int local_rank, int world_size, const torch::Device& device
 }
 
 void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
-                const CallSite& site) {
+                const CallSite& site, const std::string& group) {
   trace::record("coll", "seq=" + std::to_string(seq) + " kind=" + kind + " op=" + op +
                             " shape=" + (t.defined() ? shape_of(t) : "-") + " dtype=" +
                             (t.defined() ? std::string(c10::toString(t.scalar_type())) : "-") +
-                            " site=" + site.str());
+                            " site=" + site.str() + " group=" + group);
 }
 
 std::string small_values(const torch::Tensor& t) {

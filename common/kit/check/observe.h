@@ -40,7 +40,7 @@ void setup(int rank, int local_rank, int world_size, const torch::Device& device
            const std::string& backend, std::chrono::milliseconds timeout, int threads,
            uint64_t seed, bool (*group_alive)());
 void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
-                const CallSite& site);
+                const CallSite& site, const std::string& group);
 std::string small_values(const torch::Tensor& t);
 void all_reduce(const std::string& before, ReduceOp op, const torch::Tensor& after);
 void after_destroy(const char* what, const CallSite* site);
@@ -86,10 +86,11 @@ inline void setup(int rank, int local_rank, int world_size, const torch::Device&
                   group_alive);
 }
 // A collective entered a group: its number in the group's sequence, kind ("all_reduce"), op
-// ("SUM", "-" for none), tensor (undefined: none, as a barrier's) and the line that called it.
+// ("SUM", "-" for none), tensor (undefined: none, as a barrier's), the line that called it and the
+// group's name ("world", or a subgroup's world ranks "0,2": ProcessGroup::name()).
 inline void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
-                       const CallSite& site) {
-  if (on()) detail::collective(seq, kind, op, t, site);
+                       const CallSite& site, const std::string& group) {
+  if (on()) detail::collective(seq, kind, op, t, site, group);
 }
 // kit::all_reduce's values, in and out: before_all_reduce() before the call, all_reduce() after
 // it. Small tensors only (1 to 4 values: a loss, an evaluation's [sum, count]), the gradients'

@@ -5,8 +5,8 @@
 // $KIT_TRACE_DIR/rank<RANK>.trace (RANK from the launcher; the pid if there is none), after a
 // first line "process pid=<pid>": the seeds of setup() and of each sampler, which samples it
 // read, the parameters' fingerprint at each training forward, each step's loss, every collective
-// and all-reduce, every print0/save0 call, and whether the process group was still alive at
-// exit. The checker compares these files across ranks, and with the solution's run event by
+// (with its group: "world" or a subgroup's ranks) and all-reduce, every print0/save0 call, and
+// whether the process group was still alive at exit. The checker compares these files across ranks, and with the solution's run event by
 // event (common/tools/checklib/compare.py); it judges behaviour, not source text. With KIT_TRACE_WEIGHTS=1 the model also saves the weights it starts training from
 // (tests/oracle compares the run with PyTorch).
 //

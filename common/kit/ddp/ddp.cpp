@@ -364,8 +364,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     : reducer_(std::make_shared<Reducer>()) {
   Reducer& r = *reducer_;
   r.made_at = site.str();
-  if (!options.group) r.keep_group = default_group_ptr();
-  r.group = options.group ? options.group : r.keep_group.get();
+  r.keep_group = group_or_world(options.group, "DistributedDataParallel");
+  r.group = r.keep_group.get();
   r.options = options;
   for (auto& item : module->named_parameters())
     if (item.value().requires_grad()) {

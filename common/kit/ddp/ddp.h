@@ -94,7 +94,10 @@ struct DDPOptions {
   bool overlap = true;                   // all-reduce during backward (false: after it)
   size_t bucket_cap_bytes = 25u << 20;   // 25 MiB, as PyTorch
   size_t first_bucket_bytes = 1u << 20;  // small, so the first all-reduce starts early
-  ProcessGroup* group = nullptr;         // default: the group of kit::setup()
+  // The ranks that replicate the model: default the world (kit::setup()'s group), or a group from
+  // kit::new_group() that this rank is a member of (each group then trains replicas of its own;
+  // "rank 0" in this header is the group's rank 0). Another world's group: an error.
+  ProcessGroup* group = nullptr;
   bool broadcast_buffers = true;         // ddp.forward() copies rank 0's buffers first (PyTorch's)
   bool find_unused_parameters = false;   // a parameter without gradient is allowed (see above)
 };

@@ -24,6 +24,7 @@ torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, Reduc
 }
 
 torch::Tensor all_gather(ProcessGroup& group, const torch::Tensor& values, CallSite site) {
+  group.require_member("control::all_gather", &site);  // before size(), which is -1 outside
   auto t = staged(group, values);
   auto all = torch::empty({group.size() * t.numel()}, t.options());
   group.all_gather(all, t, site);

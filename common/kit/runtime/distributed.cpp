@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -25,11 +24,8 @@
 #include "kit/runtime/device_check.h"
 #include "kit/runtime/env.h"
 #include "kit/runtime/files.h"
+#include "kit/runtime/process.h"
 #include "kit/check/observe.h"
-
-#if defined(__GLIBC__)
-#include <malloc.h>  // mallopt
-#endif
 
 namespace kit {
 namespace {
@@ -152,83 +148,13 @@ int intra_op_threads(const RankEnv& env) {
   return std::max(1, cores / std::max(1, env.local_world_size));
 }
 
-[[noreturn]] void die_with_one_line() {
-  // Every uncaught exception ends the process with a single line naming the rank, instead of
-  // a multi-line "terminate called after throwing..." and a core dump.
-  std::string what = "unknown error";
-  if (auto e = std::current_exception()) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      what = first_line(ex.what());
-    } catch (...) {
-    }
-  }
-  const char* rank = std::getenv("RANK");
-  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
-  std::fflush(stdout);
-  std::fprintf(stderr, "%serror: %s\n", rank ? (std::string("rank ") + rank + ": ").c_str() : "",
-               what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-// Installed when kit_common is loaded, so it also covers errors before setup() (bad flags,
-// missing data).
-[[maybe_unused]] const bool g_terminate_installed = [] {
-  std::set_terminate(die_with_one_line);
-  return true;
-}();
-
-// glibc's malloc gives a large block (from 128 KiB up; its threshold rises only as far as 32
-// MiB) straight back to the kernel when it is freed, and returns free heap space above 128 KiB.
-// A training step frees and reallocates the same activations and gradients every step, so every
-// step pays page faults to get back the memory it has just given away: on the CPU, about a fifth
-// of the benchmark model's step (tests/bench; PyTorch users get the same from MALLOC_* variables
-// or another allocator). Keeping freed memory in the process costs only the RSS that the next
-// step needs anyway. Set when kit_common is loaded, for every kit program; KIT_MALLOC=default
-// leaves glibc's settings alone. (Set before any allocation of ours; both calls also turn off
-// glibc's dynamic threshold, which is why they go together: either one alone is slower.)
-[[maybe_unused]] const bool g_malloc_tuned = [] {
-#if defined(__GLIBC__)
-  const char* mode = std::getenv("KIT_MALLOC");
-  if (mode != nullptr && std::string(mode) == "default") return false;
-  return mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
-#else
-  return false;
-#endif
-}();
-
-// A rank that aborts (SIGABRT: NCCL's watchdog after a collective timed out or failed, or any
-// failed assertion) says which rank it was before it dies, on its own stderr: under srun that is
-// the job's .err file, where Slurm's own line ("task 3: Aborted") names a task, not a rank. The
-// line is written when setup() knows the rank, so that the handler only calls write(2), which is
-// safe in a signal handler; then the default action runs (the core dump and exit status 134 the
-// launcher and Slurm report).
-char g_abort_line[256];
-size_t g_abort_len = 0;
-
-void on_abort(int) {
-  if (g_abort_len > 0) {
-    ssize_t ignored = write(STDERR_FILENO, g_abort_line, g_abort_len);
-    (void)ignored;
-  }
-  std::signal(SIGABRT, SIG_DFL);
-  std::raise(SIGABRT);
-}
-
-void name_this_rank_on_abort(int rank) {
-  const int n = std::snprintf(g_abort_line, sizeof g_abort_line,
-                              "kit: rank %d aborted (SIGABRT): on GPUs usually NCCL's watchdog, "
-                              "after a collective timed out or failed (its reason is in the lines "
-                              "above; NCCL_DEBUG=INFO says more)\n", rank);
-  g_abort_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof g_abort_line - 1) : 0;
-  std::signal(SIGABRT, on_abort);
-}
-
 }  // namespace
 
 Setup setup(uint64_t seed) {
+  // Process-wide, first (kit/runtime/process.h): an uncaught exception ends the process with one
+  // line (on a background thread, NCCL's watchdog included, as an abort), and glibc's malloc
+  // keeps freed memory. The flag parser has usually done it already; a second call does nothing.
+  prepare_process();
   if (g_group) throw SetupError("setup() was called twice");
   RankEnv env = read_rank_env();
 
@@ -302,7 +228,7 @@ Setup setup(uint64_t seed) {
   // From here on c10d's errors are the only word on what went wrong: NCCL's watchdog logs why it
   // aborts a rank (which collective timed out or failed) at ERROR, just before the abort.
   FLAGS_caffe2_log_level = log_level;
-  name_this_rank_on_abort(env.rank);
+  name_rank_on_abort(env.rank);  // a SIGABRT from here on names this rank (process.h)
 
   // One rank per GPU, checked across the ranks (kit/runtime/env.h, shared_gpu): every rank says
   // which node and GPU it drives, and two ranks on one GPU stop every rank with the same line. Only
@@ -359,34 +285,71 @@ std::shared_ptr<ProcessGroup> default_group_ptr() {
 ProcessGroup& default_group() { return *default_group_ptr(); }
 
 namespace {
-ProcessGroup& group_for(const char* what, const CallSite& site) {
-  if (!g_group && g_destroyed) after_destroy(what, &site);
-  return default_group();
+// A given group must come from this job's world: a group of another world (local_groups()) has
+// other peers altogether, and would pair this rank with threads of its own process.
+void check_world(const ProcessGroup& group, const char* what, const CallSite* site) {
+  if (!g_group || group.same_world(*g_group)) return;
+  throw CommError("rank " + std::to_string(g_rank) + ": " + what +
+                  (site ? " (" + site->str() + ")" : "") + " was given a group of another world "
+                  "(not made from setup()'s group, e.g. one of ProcessGroup::local_groups()): a "
+                  "job's groups come from kit::new_group()");
+}
+
+ProcessGroup& group_for(const char* what, GroupRef group, const CallSite& site) {
+  if (!group.get()) {
+    if (!g_group && g_destroyed) after_destroy(what, &site);
+    return default_group();
+  }
+  check_world(*group.get(), what, &site);
+  group.get()->require_member(what, &site);
+  return *group.get();
 }
 }  // namespace
 
-void all_reduce(torch::Tensor& tensor, ReduceOp op, CallSite site) {
-  ProcessGroup& g = group_for("all_reduce", site);
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, GroupRef parent, CallSite site) {
+  return group_for("new_group", parent, site).new_group(std::move(ranks), site);
+}
+
+std::shared_ptr<ProcessGroup> group_or_world(ProcessGroup* group, const char* what,
+                                             const CallSite* site) {
+  if (!group) return default_group_ptr();
+  check_world(*group, what, site);
+  group->require_member(what, site);
+  return std::shared_ptr<ProcessGroup>(std::shared_ptr<ProcessGroup>(), group);  // owns nothing
+}
+
+void all_reduce(torch::Tensor& tensor, ReduceOp op, GroupRef group, CallSite site) {
+  ProcessGroup& g = group_for("all_reduce", group, site);
   // The checker reads what went in and came out (small tensors: a loss, an evaluation's sums).
   const observe::AllReduceInput before = observe::before_all_reduce(tensor);
   g.all_reduce(tensor, op, site);
   observe::all_reduce(before, op, tensor);
 }
 
-void broadcast(torch::Tensor& tensor, int root, CallSite site) {
-  group_for("broadcast", site).broadcast(tensor, root, site);
+void broadcast(torch::Tensor& tensor, int root, GroupRef group, CallSite site) {
+  ProcessGroup& g = group_for("broadcast", group, site);
+  // torch.distributed.broadcast's src is a rank of the world whatever the group; c10d's backend
+  // takes the group's own number for it.
+  const int from = g.group_rank(root);
+  if (from < 0)
+    throw CommError("rank " + std::to_string(g.global_rank(g.rank())) + ": broadcast (" +
+                    site.str() + "): root " + std::to_string(root) + " is not in " +
+                    (g.name() == "world" ? "the world (ranks 0 to " + std::to_string(g.size() - 1) + ")"
+                                         : "group " + g.name() + " (root is a world rank, as torch's src)"));
+  g.broadcast(tensor, from, site);
 }
 
-void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site) {
-  group_for("all_gather", site).all_gather(output, input, site);
+void all_gather(torch::Tensor& output, const torch::Tensor& input, GroupRef group, CallSite site) {
+  group_for("all_gather", group, site).all_gather(output, input, site);
 }
 
 void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op,
-                    CallSite site) {
-  group_for("reduce_scatter", site).reduce_scatter(output, input, op, site);
+                    GroupRef group, CallSite site) {
+  group_for("reduce_scatter", group, site).reduce_scatter(output, input, op, site);
 }
 
-void barrier(CallSite site) { group_for("barrier", site).barrier(site); }
+void barrier(GroupRef group, CallSite site) { group_for("barrier", group, site).barrier(site); }
+void barrier(CallSite site) { barrier(GroupRef(), site); }
 
 void print0(const char* format, ...) {
   if (g_destroyed) after_destroy("print0", nullptr);

@@ -1,8 +1,12 @@
-// kit/runtime/distributed.h — setup(), all_reduce(), print0(), save0(), destroy_process_group():
-// the torch.distributed calls a trainer needs, which LibTorch's C++ frontend does not have.
+// kit/runtime/distributed.h — setup(), all_reduce(), print0(), save0(), new_group(),
+// destroy_process_group(): the torch.distributed calls a trainer needs, which LibTorch's C++
+// frontend does not have.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -46,26 +50,67 @@ Setup setup(uint64_t seed = 0);
 bool is_initialized();  // between setup() and destroy_process_group()
 int get_rank();        // 0 when not initialized
 int get_world_size();  // 1 when not initialized
-ProcessGroup& default_group();  // the group setup() created
+ProcessGroup& default_group();  // the group setup() created: the world
 std::shared_ptr<ProcessGroup> default_group_ptr();  // the same, for objects that outlive a call
 
-// The collectives, over the default group. Every rank must call each of them, in the same order,
-// with tensors of the same shape and dtype: they meet by their position in that order, not by
-// name. A rank that skips one leaves the others waiting until KIT_TIMEOUT; with
-// KIT_DEBUG_COLLECTIVES=1 the ranks compare every call first and name the one that differs.
+// Which group a call works on, as torch.distributed's `group=` argument: a ProcessGroup (by
+// reference, pointer or shared_ptr), or nothing (or a null pointer): the world of setup().
+class GroupRef {
+ public:
+  GroupRef() = default;
+  GroupRef(std::nullptr_t) {}
+  GroupRef(ProcessGroup& group) : group_(&group) {}
+  GroupRef(ProcessGroup* group) : group_(group) {}
+  GroupRef(const std::shared_ptr<ProcessGroup>& group) : group_(group.get()) {}
+  ProcessGroup* get() const { return group_; }  // nullptr: the world
+ private:
+  ProcessGroup* group_ = nullptr;
+};
+
+// A subgroup of the world, or of `parent`, as torch.distributed.new_group(ranks): `ranks` are
+// world ranks. Every rank of the parent calls it, in the same order, members or not; a rank
+// outside `ranks` gets a group whose is_member() is false (ProcessGroup::new_group says the rest).
+// Pass the result to any collective below, to kit::control, DistributedDataParallel's
+// Options::group or ZeroOptions::group. E.g. two groups of two on four ranks:
+//   auto pair = kit::new_group({0, 1});   // every rank calls both, in this order
+//   auto other = kit::new_group({2, 3});
+//   auto& mine = pair->is_member() ? pair : other;
+//   kit::all_reduce(x, kit::ReduceOp::SUM, mine);  // sums over this rank's pair only
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, GroupRef parent = {},
+                                        CallSite site = {});
+
+// The group an object works on (DistributedDataParallel, ZeroOptimizer, FullyShardedModel):
+// `group`, or the world of setup() when it is null. A group this rank is not a member of, or, after
+// setup(), a group of another world (one of ProcessGroup::local_groups()), is a CommError naming
+// `what` and `site`. The pointer keeps the world alive (closed, not freed, after
+// destroy_process_group()); a given group it only points at.
+std::shared_ptr<ProcessGroup> group_or_world(ProcessGroup* group, const char* what,
+                                             const CallSite* site = nullptr);
+
+// The collectives, over the world unless `group` names another. Every rank of the group must call
+// each of them, in the same order, with tensors of the same shape and dtype: they meet by their
+// position in that order, not by name. A rank that skips one leaves the others waiting until
+// KIT_TIMEOUT; with KIT_DEBUG_COLLECTIVES=1 the ranks compare every call first and name the one
+// that differs. A group this rank is not a member of, or of another world, is an error naming the
+// call (PyTorch skips the call with a warning on a non-member).
 //
 // In place: every rank ends with the reduction of all ranks' tensors, e.g. the average loss:
 //   kit::all_reduce(loss, kit::ReduceOp::AVG);
-void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM, CallSite site = {});
-// Rank `root`'s values, copied into `tensor` on every rank.
-void broadcast(torch::Tensor& tensor, int root = 0, CallSite site = {});
-// Every rank's `input`, in rank order: output.numel() == world size x input.numel().
-void all_gather(torch::Tensor& output, const torch::Tensor& input, CallSite site = {});
-// `input` is world size equal chunks; rank r gets chunk r, reduced over all ranks.
+void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::SUM, GroupRef group = {},
+                CallSite site = {});
+// Rank `root`'s values, copied into `tensor` on every rank of the group. `root` is the sender's
+// rank in the world, as torch.distributed.broadcast's `src`, whatever the group (group rank k is
+// group->global_rank(k)); a root outside the group is an error.
+void broadcast(torch::Tensor& tensor, int root = 0, GroupRef group = {}, CallSite site = {});
+// Every rank's `input`, in group-rank order: output.numel() == group size x input.numel().
+void all_gather(torch::Tensor& output, const torch::Tensor& input, GroupRef group = {},
+                CallSite site = {});
+// `input` is group size equal chunks; group rank r gets chunk r, reduced over the group.
 void reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
-                    ReduceOp op = ReduceOp::SUM, CallSite site = {});
-// Returns once every rank has called it.
-void barrier(CallSite site = {});
+                    ReduceOp op = ReduceOp::SUM, GroupRef group = {}, CallSite site = {});
+// Returns once every rank of the group has called it.
+void barrier(GroupRef group = {}, CallSite site = {});
+void barrier(CallSite site);  // the world's, for a caller that passes its own caller's line on
 
 // printf() on rank 0 only, so the job's output has each line once instead of world_size times.
 void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -80,8 +125,9 @@ void save0(const torch::nn::ModuleHolder<M>& module, const std::string& path, Ca
   save0(std::static_pointer_cast<torch::nn::Module>(module.ptr()), path, site);
 }
 
-// Leaves the job: closes the process group and its connections. Call once, at the very end:
-// any collective, print0, save0 or DDP step after it is an error that says so.
+// Leaves the job: closes the process group and its connections, and every group new_group()
+// made from it. Call once, at the very end: any collective, print0, save0 or DDP step after it is
+// an error that says so.
 void destroy_process_group();
 
 }  // namespace kit

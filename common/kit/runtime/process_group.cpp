@@ -44,7 +44,7 @@ std::string first_line(const std::string& what) {
 std::string explain(const std::string& error, const Work::Impl& w) {
   std::string lower = error;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::string who = "rank " + std::to_string(w.rank) + ": " + w.what;
+  const std::string who = w.who + ": " + w.what;
   if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos)
     return who + " timed out after " + std::to_string(w.timeout_s) +
            " s: the other ranks never joined it. Usually a collective that not every rank calls "
@@ -104,6 +104,7 @@ void Work::wait() {
 
 Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp op,
                                     CallSite site) {
+  require_member("all_reduce", &site);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   // c10d reads a list of tensors as "one tensor per local GPU": they must all have one shape,
   // and it reduces over the list too ({a, b} would come back as a + b in both). Several tensors
@@ -135,6 +136,11 @@ Work ProcessGroup::all_reduce_async(std::vector<torch::Tensor> tensors, ReduceOp
 }
 
 void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
+  require_member("broadcast", &site);
+  if (root < 0 || root >= size_)
+    throw CommError(who() + ": broadcast (" + site.str() + "): root " + std::to_string(root) +
+                    " is not a rank of " + (name() == "world" ? "the world" : "group " + name()) +
+                    " (0 to " + std::to_string(size_ - 1) + ")");
   std::shared_ptr<Work::Impl> w;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -152,6 +158,7 @@ void ProcessGroup::broadcast(torch::Tensor tensor, int root, CallSite site) {
 }
 
 Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, CallSite site) {
+  require_member("all_gather", &site);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (output.numel() != size_ * input.numel() || output.scalar_type() != input.scalar_type())
     throw CommError("all_gather (" + site.str() + "): the output must hold world size (" +
@@ -164,7 +171,10 @@ Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, C
   std::vector<std::vector<torch::Tensor>> outs(1);
   std::vector<torch::Tensor> ins{wire(in, *w)};
   if (output.is_contiguous()) {
-    outs[0].push_back(wire(output, *w));
+    // Both flat: Gloo compares each rank's part of the output with the input's shape, and a
+    // shaped output ([size, n]) has parts [1, n].
+    ins[0] = ins[0].view({-1});
+    outs[0].push_back(wire(output, *w).view({-1}));
   } else {
     for (int r = 0; r < size_; ++r) w->gather_list.push_back(torch::empty_like(in));
     for (auto& o : w->gather_list) outs[0].push_back(wire(o, *w));
@@ -181,6 +191,7 @@ Work ProcessGroup::all_gather_async(torch::Tensor output, torch::Tensor input, C
 
 Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor input, ReduceOp op,
                                         CallSite site) {
+  require_member("reduce_scatter", &site);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   check_reduce_scatter(output, input, size_, site);
   auto w = enter("reduce_scatter", input, to_string(op), site);
@@ -204,6 +215,7 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor output, torch::Tensor inpu
 
 Work ProcessGroup::reduce_scatter_scratch_async(torch::Tensor output, torch::Tensor input,
                                                 ReduceOp op, CallSite site) {
+  require_member("reduce_scatter", &site);
   if (backend_ == "nccl" || !input.is_contiguous()) return reduce_scatter_async(output, input, op, site);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   check_reduce_scatter(output, input, size_, site);
@@ -223,6 +235,7 @@ Work ProcessGroup::reduce_scatter_scratch_async(torch::Tensor output, torch::Ten
 }
 
 void ProcessGroup::barrier(CallSite site) {
+  require_member("barrier", &site);
   std::shared_ptr<Work::Impl> w;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);

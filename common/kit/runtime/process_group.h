@@ -4,8 +4,14 @@
 //
 // This is a thin, version-independent face on c10d: kit/compat.h hides what differs between
 // LibTorch versions and backends. Trainers use the free functions of kit/runtime/distributed.h,
-// which call the default group that setup() made; tests build several groups inside one process
-// (local_groups()).
+// which call the default group that setup() made (the world) unless given another; tests build
+// several groups inside one process (local_groups()).
+//
+// Subgroups, as torch.distributed.new_group: group.new_group(ranks) makes a group of some of the
+// group's ranks (tensor, pipeline or data parallelism each run their collectives in groups of
+// their own). Every rank of the parent calls it, in the same order; a rank outside `ranks` gets a
+// handle that says so (is_member() false), whose collectives are errors. A group knows its
+// members' ranks in the world (ranks(), global_rank(), group_rank()).
 //
 // Every collective is traced (kit/check/observe.h) with its number in this group's sequence, its
 // kind, its tensor's shape and dtype and the line of the trainer that called it, so that `kit
@@ -70,6 +76,8 @@ class ProcessGroup {
   ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::string backend);
   ~ProcessGroup();
 
+  // This rank's number in the group, 0..size()-1, and the number of members. -1 and -1 on a rank
+  // that is not a member, as torch.distributed.get_rank(group) and get_world_size(group).
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& backend() const { return backend_; }  // "gloo" or "nccl"
@@ -83,7 +91,8 @@ class ProcessGroup {
   void all_reduce(torch::Tensor tensor, ReduceOp op, CallSite site = {}) {
     all_reduce_async({tensor}, op, site).wait();
   }
-  // Rank `root`'s tensor, copied into `tensor` on every other rank.
+  // Rank `root`'s tensor, copied into `tensor` on every other rank. `root` is a rank of this
+  // group (0..size()-1); kit::broadcast (distributed.h) takes the world's rank, as torch does.
   void broadcast(torch::Tensor tensor, int root, CallSite site = {});
   // output = the inputs of ranks 0..size-1, back to back: output.numel() == size * input.numel()
   // (output may be flat or shaped [size, ...]).
@@ -112,11 +121,40 @@ class ProcessGroup {
   void shutdown();
   bool alive() const;
 
+  // --- Subgroups ----------------------------------------------------------------------------
+  // A group of some of this group's ranks, as torch.distributed.new_group(ranks): `ranks` are
+  // ranks of the world (as everywhere in torch.distributed), each a member of this group, sorted
+  // as torch sorts them (group rank i is the i-th smallest). Every rank of this group must call it,
+  // in the same order: the groups are numbered by that order (their keys in this group's store),
+  // and the members check that they were given the same ranks. A rank not in `ranks` gets a group
+  // with is_member() false (PyTorch's GroupMember.NON_GROUP_MEMBER). Creating it is collective
+  // among the members (Gloo connects them; NCCL at their first collective). Same backend and
+  // timeout as this group; destroy_process_group() closes it with the world.
+  // Refused with CommError, one line naming `site`: an empty list, a rank twice, a rank that is
+  // not in this group, a call on a group this rank is not a member of, members that were given
+  // different lists. (PyTorch accepts an empty list: a group with no members.)
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, CallSite site = {});
+
+  bool is_member() const { return rank_ >= 0; }
+  // The members' ranks in the world, in group-rank order (torch.distributed.
+  // get_process_group_ranks): 0..size()-1 for a world (setup()'s group, or local_groups()').
+  const std::vector<int>& ranks() const;
+  int global_rank(int group_rank) const;  // ranks()[group_rank] (get_global_rank); CommError if none
+  int group_rank(int global_rank) const;  // its index in ranks() (get_group_rank); -1: not a member
+  // How traces and error lines name the group: "world", or its members' world ranks ("0,2").
+  const std::string& name() const;
+  // Whether both groups come from one world: setup()'s, or one call of local_groups(). Groups of
+  // two worlds have nothing in common (their ranks are other processes, or other threads).
+  bool same_world(const ProcessGroup& other) const;
+  // Throws CommError "rank R: <what> (<site>) on group <name>, which rank R is not a member of
+  // ..." unless this rank is a member. Every collective checks it first.
+  void require_member(const char* what, const CallSite* site = nullptr) const;
+
   int64_t collectives() const { return seq_; }  // how many this rank has entered
   const CommStats& stats() const { return stats_; }
 
   // N groups of one in-process world on a HashStore, one per rank, for tests whose ranks are
-  // threads. backend "gloo": CPU tensors. backend "nccl": rank r works on cuda:r (NCCL cannot put
+  // threads (their subgroups: each rank's thread calls new_group on its own). backend "gloo": CPU tensors. backend "nccl": rank r works on cuda:r (NCCL cannot put
   // two ranks on one GPU), so it needs n visible GPUs and a CUDA build of LibTorch; otherwise it
   // throws CommError with nccl_unavailable(n)'s reason.
   static std::vector<std::shared_ptr<ProcessGroup>> local_groups(
@@ -137,6 +175,8 @@ class ProcessGroup {
                                     const CallSite& site);
   // What the backend is given for `t` in `call`: NCCL's device rule checked (see device()).
   torch::Tensor wire(const torch::Tensor& t, const Work::Impl& call) const;
+  // "rank 3" in a world, "rank 3 in group 2,3" in a subgroup: the start of every error line.
+  std::string who() const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string backend_;
@@ -150,7 +190,9 @@ class ProcessGroup {
 // host: each call copies the values to group.device(), runs the collective there and returns the
 // result on the CPU. That is what torch.distributed does for its object collectives on NCCL, and
 // it is right on both backends (on Gloo the copies are no-ops). Values of any device are taken;
-// the caller's tensor is never modified.
+// the caller's tensor is never modified. `group`: the world (kit::default_group()) or any group
+// this rank is a member of; `root` and the order of all_gather are the group's own rank numbers,
+// as for ProcessGroup's collectives.
 namespace control {
 // Every rank's `values` reduced element-wise with `op`.
 torch::Tensor all_reduce(ProcessGroup& group, const torch::Tensor& values, ReduceOp op,

@@ -55,11 +55,25 @@ torch::Tensor ProcessGroup::wire(const torch::Tensor& t, const Work::Impl& call)
   const torch::Device mine = device();
   const bool ok = backend_ == "nccl" ? t.is_cuda() : t.device() == mine;
   if (!ok)
-    throw CommError("rank " + std::to_string(rank_) + ": " + call.what + " was given a tensor on " +
+    throw CommError(who() + ": " + call.what + " was given a tensor on " +
                     t.device().str() + ", but NCCL moves only tensors on the rank's device (" +
                     mine.str() + "): make it there, or send host values with kit::control" +
                     (impl_->fake_device ? " (KIT_DEVICE_CHECK=nccl)" : ""));
   return impl_->fake_device ? device_check::host_alias(t) : t;
+}
+
+std::string ProcessGroup::who() const {
+  const std::string me = "rank " + std::to_string(impl_->world_rank);
+  return impl_->name == "world" ? me : me + " in group " + impl_->name;
+}
+
+void ProcessGroup::require_member(const char* what, const CallSite* site) const {
+  if (is_member()) return;
+  const std::string me = "rank " + std::to_string(impl_->world_rank);
+  throw CommError(me + ": " + what + (site ? " (" + site->str() + ")" : "") + " on group " +
+                  impl_->name + ", which " + me + " is not a member of: new_group() gave this "
+                  "rank a handle that says so (is_member() is false), and only the members may "
+                  "use the group (PyTorch would skip the call with a warning)");
 }
 
 std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::Tensor& t,
@@ -67,16 +81,16 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
   auto w = std::make_shared<Work::Impl>();
   const int64_t seq = ++seq_;
   w->what = std::string(kind) + " #" + std::to_string(seq) + " (" + site.str() + ")";
-  w->rank = rank_;
+  w->who = who();
   w->timeout_s = impl_->timeout.count() / 1000;
   if (!impl_->alive)
-    throw CommError("rank " + std::to_string(rank_) + ": " + w->what +
+    throw CommError(w->who + ": " + w->what +
                     " after destroy_process_group(): the process group is closed. "
                     "destroy_process_group() must be the last kit call of the program");
   const int64_t bytes = t.defined() ? t.numel() * t.element_size() : 0;
   stats_.calls[kind] += 1;
   stats_.bytes[kind] += bytes;
-  observe::collective(seq, kind, op, t, site);
+  observe::collective(seq, kind, op, t, site, impl_->name);
   if (impl_->debug) {
     const int64_t numel = t.defined() ? t.numel() : 0;
     const int64_t dtype = t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1;
@@ -103,14 +117,14 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
       bool same = true;
       for (int f = 0; f < kFields - 1; ++f) same = same && at(r, f) == at(rank_, f);
       if (same) continue;
-      auto describe = [&](int who) {
-        int64_t k = at(who, 1);
+      auto describe = [&](int them) {
+        int64_t k = at(them, 1);
         std::string s = (k >= 0 && k < 5 ? kKinds[k] : "?") + std::string(" #") +
-                        std::to_string(at(who, 0)) + " of " + std::to_string(at(who, 3)) +
-                        " elements (line " + std::to_string(at(who, 5)) + ")";
-        return "rank " + std::to_string(who) + " called " + s;
+                        std::to_string(at(them, 0)) + " of " + std::to_string(at(them, 3)) +
+                        " elements (line " + std::to_string(at(them, 5)) + ")";
+        return "rank " + std::to_string(global_rank(them)) + " called " + s;
       };
-      throw CommError("rank " + std::to_string(rank_) + ": the ranks disagree on collective #" +
+      throw CommError(who() + ": the ranks disagree on collective #" +
                       std::to_string(seq) + ": " + describe(std::min(r, rank_)) + ", " +
                       describe(std::max(r, rank_)) +
                       ". Every rank must call every collective, in the same order, with the "

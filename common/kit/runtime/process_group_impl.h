@@ -30,7 +30,7 @@ struct Work::Impl {
   std::vector<torch::Tensor> gather_list;
   // For the error message: which call this is.
   std::string what;      // "all_reduce #3 (train.cpp:56)"
-  int rank = 0;
+  std::string who;       // "rank 1", or "rank 3 in group 2,3" (ProcessGroup::who())
   int64_t timeout_s = 0;
 };
 
@@ -42,6 +42,14 @@ struct ProcessGroup::Impl {
   bool debug = false;  // KIT_DEBUG_COLLECTIVES=1: compare every call across ranks first
   bool fake_device = false;  // KIT_DEVICE_CHECK=nccl: tensors live on fakegpu, Gloo gets aliases
   std::mutex mutex;    // DDP's hooks start collectives from autograd's threads
+
+  // Where the group sits in its world (ProcessGroup's constructor fills them in for a world):
+  std::shared_ptr<const int> world;  // one object per world, shared by all its groups: its identity
+  std::vector<int> ranks;            // the members' world ranks, in group-rank order
+  int world_rank = -1;               // this rank's number in the world
+  std::string name;                  // "world", or the members' world ranks "0,2"
+  int64_t groups_made = 0;           // new_group() calls so far: numbers the next one's store keys
+  std::vector<std::weak_ptr<ProcessGroup>> subgroups;  // closed by shutdown() with this group
 };
 
 namespace detail {

@@ -11,7 +11,7 @@
 
 #include "kit/sharding/clip.h"        // clip_shard_grads_: --clip-grad on a sharded gradient
 #include "kit/compat.h"               // NodePtr
-#include "kit/runtime/distributed.h"  // default_group_ptr
+#include "kit/runtime/distributed.h"  // group_or_world
 
 namespace kit {
 namespace {
@@ -220,8 +220,8 @@ void ZeroOptimizer::finish_backward() {
 }
 
 ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options)
-    : keep_group_(options.group ? nullptr : default_group_ptr()),
-      group_(options.group ? options.group : keep_group_.get()),
+    : keep_group_(group_or_world(options.group, "ZeroOptimizer", &options.site)),
+      group_(keep_group_.get()),
       stage_(stage_1_or_2(options)),
       params_(trainable(params)),
       claim_(params_, "ZeRO-" + std::to_string(stage_)),

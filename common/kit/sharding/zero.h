@@ -73,7 +73,9 @@ namespace kit {
 struct ZeroOptions {
   int stage = 1;  // 1 or 2 here; 3 is kit/sharding/zero3.h
   torch::optim::AdamWOptions adamw{1e-3};
-  ProcessGroup* group = nullptr;  // default: the group of kit::setup()
+  // The ranks that share the state: default the world (kit::setup()'s group), or a group from
+  // kit::new_group() that this rank is a member of (rank 0's weights: the group's first rank's).
+  ProcessGroup* group = nullptr;
   // > 0: the averaged gradient is clipped to this global L2 norm before AdamW, as
   // torch.nn.utils.clip_grad_norm_ does (kit/sharding/clip.h: the shards' sums of squares
   // all-reduced). 0: no clipping.

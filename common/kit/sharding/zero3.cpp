@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "kit/sharding/clip.h"        // clip_shard_grads_: the global norm over every unit's shard
-#include "kit/runtime/distributed.h"  // default_group_ptr
+#include "kit/runtime/distributed.h"  // group_or_world
 
 namespace kit {
 
@@ -190,8 +190,8 @@ void check_units_cover(const std::vector<torch::Tensor>& model_params,
 
 FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
                                      FullyShardedOptions sharding)
-    : keep_group_(options.group ? nullptr : default_group_ptr()),
-      group_(options.group ? options.group : keep_group_.get()),
+    : keep_group_(group_or_world(options.group, "FullyShardedModel", &options.site)),
+      group_(keep_group_.get()),
       recompute_(sharding.recompute) {
   stage_3(options);
   max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kit/models/transformer_lm.h"  // TransformerLMOptions: what lm_options() fills in
+#include "kit/runtime/process.h"        // prepare_process()
 
 namespace kit {
 
@@ -66,6 +67,10 @@ std::string take_flag(int& argc, char** argv, const std::string& name, const std
 }
 
 void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
+  // A kit program's first kit call: from here on an uncaught exception is one line, also before
+  // setup() (missing data in the single-GPU trainer), and malloc keeps freed memory
+  // (kit/runtime/process.h; setup() does it again for programs without flags).
+  prepare_process();
   auto find = [&](const std::string& name) -> const Flag* {
     for (const Flag& f : flags)
       if (f.name == name) return &f;

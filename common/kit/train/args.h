@@ -43,7 +43,8 @@ TrainArgs parse_args(int argc, char** argv);
 // The flag parser of parse_args(), for the kit's other programs (exercise 00, the collectives
 // benchmark): one Flag per option, with its help line and what to do with its value. It takes
 // --name value and --name=value, prints the flags on --help (exit 0), and stops a bad command
-// line with one line on stderr and exit code 2 (flag_error).
+// line with one line on stderr and exit code 2 (flag_error). It first calls kit::prepare_process()
+// (kit/runtime/process.h), so that every error from there on, before setup() too, is one line.
 struct Flag {
   std::string name, help;
   std::function<void(const std::string&)> set;  // the value ("" for a switch)

@@ -4,7 +4,7 @@ Every rank must call every collective, in the same order, with tensors of the sa
 dtype: the ranks meet by position in that order, not by name. A collective that only some ranks
 call (one inside `if (rank == 0)`) leaves the others waiting until the timeout, and every judgment
 after it sees a run that stopped half way. The run trace records each collective a rank entered
-("coll seq=N kind=... shape=... dtype=... site=train.cpp:74", common/kit/runtime/process_group_checks.cpp); this
+("coll seq=N kind=... shape=... dtype=... site=train.cpp:74 group=world", common/kit/check/observe.cpp); this
 module compares the ranks' sequences, finds the first position where they differ, and names the
 call, its line and the TODO it belongs to."""
 import os
