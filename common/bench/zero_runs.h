@@ -37,6 +37,9 @@ struct Setup {
   int64_t global_batch = 8, steps = 4;
   double max_grad_norm = 0;  // > 0: gradients clipped to this global norm (DDP: clip_grad_norm_)
   bool recompute = false;    // stage 3: FullyShardedOptions::recompute
+  // Set: the learning rate of step k (0-based), set before it (DDP: torch's param groups'
+  // set_lr; ZeRO: set_lr()). Unset: adamw()'s, constant.
+  std::function<double(int64_t)> lr;
 };
 
 // Step k's global batch (inputs, targets), the same for every run; rank r reads its rows.
@@ -124,6 +127,12 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
     for (int64_t k = 0; k < s.steps; ++k) {
       auto before = g.stats().bytes;
       accounts[r]->reset_peak();
+      if (s.lr) {
+        if (torch_adamw)
+          for (auto& group : torch_adamw->param_groups()) group.options().set_lr(s.lr(k));
+        if (zero) zero->set_lr(s.lr(k));
+        if (zero3) zero3->set_lr(s.lr(k));
+      }
       auto [input, target] = batch(s, k, n, r);
       // Under DDP through the wrapper, as a trainer (kit/ddp/ddp.h: the forward prepares backward).
       auto logits = zero3 ? zero3->forward(input) : ddp ? ddp->forward(input) : models[r]->forward(input);

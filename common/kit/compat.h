@@ -167,35 +167,50 @@ inline c10::Device current_cuda_device() {
 }
 #endif
 
-// The state of every visible GPU's default generator (dropout on a GPU draws from it), one byte
-// string per GPU; none in a CPU build or without a GPU.
-inline std::vector<std::string> cuda_rng_states() {
-  std::vector<std::string> states;
+// The rank's GPU, whose default generator dropout on the GPU draws from: the current CUDA device
+// (setup() makes the rank's GPU current before anything runs on it), or -1 in a CPU build or
+// without a visible GPU. Only this one is saved in a checkpoint and restored: not every visible
+// GPU's, so that a resume that sees the GPUs otherwise (another CUDA_VISIBLE_DEVICES, another
+// --gpu-bind) still finds its own.
+inline int rank_cuda_index() {
 #if defined(KIT_HAVE_NCCL)
-  for (c10::DeviceIndex i = 0; i < c10::cuda::device_count(); ++i) {
-    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i));
+  if (c10::cuda::device_count() > 0) return c10::cuda::current_device();
+#endif
+  return -1;
+}
+// How many GPUs this process sees (0 in a CPU build).
+inline int cuda_device_count() {
+#if defined(KIT_HAVE_NCCL)
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+// The state of GPU `index`'s default generator, as bytes ("" in a CPU build or for -1).
+inline std::string cuda_rng_state([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  if (index >= 0) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto t = gen.get_state();
-    states.emplace_back(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+    return std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
   }
 #endif
-  return states;
+  return "";
 }
-// Restores what cuda_rng_states() returned: false (nothing changed) when it does not fit this
-// process's GPUs.
-inline bool set_cuda_rng_states([[maybe_unused]] const std::vector<std::string>& states) {
+// Restores what cuda_rng_state() returned into GPU `index`'s generator: false (nothing changed)
+// in a CPU build or for -1.
+inline bool set_cuda_rng_state([[maybe_unused]] int index, [[maybe_unused]] const std::string& state) {
 #if defined(KIT_HAVE_NCCL)
-  if (static_cast<int64_t>(states.size()) != c10::cuda::device_count()) return false;
-  for (size_t i = 0; i < states.size(); ++i) {
-    auto t = at::empty({static_cast<int64_t>(states[i].size())}, at::kByte);
-    std::memcpy(t.data_ptr(), states[i].data(), states[i].size());
-    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(t);
-  }
+  if (index < 0) return false;
+  auto t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), state.data(), state.size());
+  auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
   return true;
 #else
-  return states.empty();
+  return false;
 #endif
 }
 

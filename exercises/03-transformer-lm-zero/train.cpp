@@ -216,8 +216,9 @@ int main(int argc, char** argv) {
   // TODO 4: ZeRO-3 shards the weights too. A unit's full weights are all-gathered just before its
   //         forward (and again for its backward), then freed: what is a unit? The model's units()
   //         (the embedding, each Transformer block, the output layer), so that one of them at a time
-  //         is whole, never the model. For --zero-stage 3 make `sharded` from them (stage 3, options
-  //         as in TODO 2) and send trainer.forward through it: the model's own weights are empty.
+  //         is whole, never the model. For --zero-stage 3 make `sharded` from the model and them
+  //         (stage 3, options as in TODO 2) and send trainer.forward through it: the model's own
+  //         weights are empty.
   // The wiring: the Trainer calls whatever this stage made.
   if (ddp) {
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
@@ -259,6 +260,13 @@ int main(int argc, char** argv) {
     return kit::TrainState();
   };
 
+  // The model's file, in save0's format at every stage. Under ZeRO-3 no rank has the whole model:
+  // save0 gathers it to rank 0 one unit at a time (FSDP's full state dict), and every rank calls it.
+  auto save_model = [&](const std::string& path) {
+    if (sharded) kit::save0(*sharded, path);
+    else kit::save0(model, path);
+  };
+
   kit::TrainState state = trainer.resume();
   kit::Metrics metrics(args.out_dir, args.batch_size, device, state.global_step);
 
@@ -273,10 +281,9 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(model, val_loader, trainer, device).item<double>();
     kit::print0("[%ld/%ld] train loss %.5f, validation loss %.5f (perplexity %.2f)\n", epoch + 1,
                 args.epochs, train_loss, val_loss, std::exp(val_loss));
-    // Under ZeRO-3 no rank has the whole model: its checkpoint is the shards.
     if (val_loss < state.best_val_loss) {
       state.best_val_loss = val_loss;
-      if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-best.pt");
+      save_model(args.out_dir + "/model-best.pt");
     }
     state.next_epoch();
     trainer.save(state);
@@ -287,7 +294,7 @@ int main(int argc, char** argv) {
   } else {
     double test_loss = evaluate(model, test_loader, trainer, device).item<double>();
     kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
-    if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-final.pt");
+    save_model(args.out_dir + "/model-final.pt");
   }
   const kit::HeldBytes held = trainer.held();
   const std::string name = zero_stage == 0 ? "DDP" : "ZeRO-" + std::to_string(zero_stage);

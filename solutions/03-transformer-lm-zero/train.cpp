@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   if (zero_stage == 2)
     zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});
   if (zero_stage == 3) {
-    sharded.emplace(model->units(), kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
+    sharded.emplace(model, model->units(), kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.forward = [&](const torch::Tensor& x) { return sharded->forward(x); };
   }
   // The wiring: the Trainer calls whatever this stage made.
@@ -248,6 +248,13 @@ int main(int argc, char** argv) {
     return checkpoints.resume_sharded(load_shard, device, args.resume);
   };
 
+  // The model's file, in save0's format at every stage. Under ZeRO-3 no rank has the whole model:
+  // save0 gathers it to rank 0 one unit at a time (FSDP's full state dict), and every rank calls it.
+  auto save_model = [&](const std::string& path) {
+    if (sharded) kit::save0(*sharded, path);
+    else kit::save0(model, path);
+  };
+
   kit::TrainState state = trainer.resume();
   kit::Metrics metrics(args.out_dir, args.batch_size, device, state.global_step);
 
@@ -262,10 +269,9 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(model, val_loader, trainer, device).item<double>();
     kit::print0("[%ld/%ld] train loss %.5f, validation loss %.5f (perplexity %.2f)\n", epoch + 1,
                 args.epochs, train_loss, val_loss, std::exp(val_loss));
-    // Under ZeRO-3 no rank has the whole model: its checkpoint is the shards.
     if (val_loss < state.best_val_loss) {
       state.best_val_loss = val_loss;
-      if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-best.pt");
+      save_model(args.out_dir + "/model-best.pt");
     }
     state.next_epoch();
     trainer.save(state);
@@ -276,7 +282,7 @@ int main(int argc, char** argv) {
   } else {
     double test_loss = evaluate(model, test_loader, trainer, device).item<double>();
     kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
-    if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-final.pt");
+    save_model(args.out_dir + "/model-final.pt");
   }
   const kit::HeldBytes held = trainer.held();
   const std::string name = zero_stage == 0 ? "DDP" : "ZeRO-" + std::to_string(zero_stage);

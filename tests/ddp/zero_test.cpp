@@ -6,6 +6,7 @@
 // order), hold the bytes the ZeRO formula says, and send the bytes the ring model says.
 // The vocabulary (61 words) makes the parameter count odd: the layouts need padding.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 
 #include "kit/ddp/ddp.h"                   // DistributedDataParallel: the reference
 #include "kit/train/memory.h"              // Account: live bytes between ZeRO-3's forward and backward
+#include "kit/runtime/distributed.h"       // save0: the file ZeRO-3's save0 must equal
 #include "kit/runtime/process_group.h"     // local_groups, CommStats
 #include "kit/sharding/sharding.h"         // HeldBytes, formula_bytes, ring_bytes, check_zero_stage
 #include "kit/models/transformer_lm.h"     // TransformerLM, lm_loss
@@ -436,7 +438,7 @@ MLPRun train_mlp(bool zero3, int n, bool recompute, double dropout = 0.0) {
     std::unique_ptr<kit::FullyShardedModel> sharded;
     if (zero3) {
       sharded = std::make_unique<kit::FullyShardedModel>(
-          models[r]->units(&calls), kit::ZeroOptions{3, adamw(), groups[r].get()},
+          models[r], models[r]->units(&calls), kit::ZeroOptions{3, adamw(), groups[r].get()},
           kit::FullyShardedOptions{recompute});
     } else {
       kit::DDPOptions d;
@@ -537,7 +539,7 @@ TEST(Zero3Memory, NoFullWeightsLiveBetweenForwardAndBackward) {
   const int64_t weights = kit::bytes_of(mlp->parameters());  // all units' full weights
   auto x = torch::randn({1, 256});
   const int64_t start = account.live();
-  kit::FullyShardedModel sharded(mlp->units(nullptr), {3, adamw(), groups[0].get()});
+  kit::FullyShardedModel sharded(mlp, mlp->units(nullptr), {3, adamw(), groups[0].get()});
   for (auto& p : mlp->parameters()) EXPECT_EQ(p.numel(), 0) << "a parameter left whole";
   const kit::HeldBytes held = sharded.held();
   auto loss = sharded.forward(x).square().sum();
@@ -681,23 +683,108 @@ TEST(ZeroBadInput, DDPAndZeroOnOneModelAreRefused) {
   EXPECT_EQ(e.find('\n'), std::string::npos);
 }
 
-// ZeRO-3's list of units: an empty one, a parameter in two units, a unit without a forward.
-TEST(ZeroBadInput, ShardedUnitsAreChecked) {
+// The model's parameters, copied (to see that a refusal changed nothing).
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+::testing::AssertionResult unchanged(const std::vector<torch::Tensor>& params,
+                                     const std::vector<torch::Tensor>& before) {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].sizes().equals(before[i].sizes()) || !torch::equal(params[i], before[i]))
+      return ::testing::AssertionFailure() << "parameter " << i << " changed: " << params[i].sizes();
+  return ::testing::AssertionSuccess();
+}
+
+// ZeRO-3's list of units against the model: an empty one, a parameter in two units, a unit
+// without a forward, a parameter of the model in no unit, a unit that reads a tensor of another
+// model. Each one line ending with the line that wrote the options, and the model as it was:
+// every weight in place (a check after the first unit's release would have emptied it).
+TEST(ZeroBadInput, ShardedUnitsAreCheckedAgainstTheModel) {
   auto groups = kit::ProcessGroup::local_groups(1);
   MLP mlp(4, 8, 2);
+  const auto before = copies(mlp->parameters());
+  const int line = __LINE__ + 1;
   kit::ZeroOptions o{3, adamw(), groups[0].get()};
-  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(std::vector<kit::ShardedUnit>{}, o); }),
-            "FullyShardedModel: no units given");
+  const std::string at = " (zero_test.cpp:" + std::to_string(line) + ")";
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, std::vector<kit::ShardedUnit>{}, o); }),
+            "FullyShardedModel: no units given" + at);
   auto twice = mlp->units(nullptr);
   twice.emplace_back("again", mlp->first);
-  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(twice, o); }),
-            "FullyShardedModel: a parameter of unit 'again' is also in unit 'first'");
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, twice, o); }),
+            "FullyShardedModel: a parameter of unit 'again' is also in unit 'first'" + at);
   auto none = mlp->units(nullptr);
   none[2].forward = nullptr;
-  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(none, o); }),
-            "FullyShardedModel: unit 'middle' has no forward");
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, none, o); }),
+            "FullyShardedModel: unit 'middle' has no forward" + at);
+  // The last layer left out: its weights would be neither gathered nor trained.
+  auto missing = mlp->units(nullptr);
+  missing.pop_back();
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, missing, o); }),
+            "FullyShardedModel: the model's parameter 'last.weight' is in no unit: every trainable "
+            "parameter must be in exactly one" + at);
+  MLP other(4, 8, 2);
+  auto foreign = mlp->units(nullptr);
+  foreign.back() = kit::ShardedUnit("last", other->last);
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, foreign, o); }),
+            "FullyShardedModel: unit 'last' reads a parameter that is not the model's" + at);
+  EXPECT_TRUE(unchanged(mlp->parameters(), before));
   // A refused list leaves the parameters unclaimed: a valid one is accepted afterwards.
-  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp->units(nullptr), o); }), "");
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, mlp->units(nullptr), o); }), "");
+  // A frozen parameter needs no unit (it is not sharded).
+  MLP frozen(4, 8, 2);
+  frozen->last->weight.requires_grad_(false);
+  frozen->last->bias.requires_grad_(false);
+  auto without_last = frozen->units(nullptr);
+  without_last.pop_back();
+  without_last.emplace_back("last", [&](const torch::Tensor& x) { return frozen->last(x); },
+                            std::vector<torch::Tensor>{});
+  EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(frozen, without_last, o); }), "");
+}
+
+// AdamW's options that ShardedAdamW cannot honour: amsgrad (not implemented: ignoring it would
+// train another optimizer), and what torch::optim::AdamW's constructor refuses. One line ending
+// with the line that wrote the options, for ZeRO-1/2 and ZeRO-3 alike, and the model as it was
+// (no weight moved into a flat buffer, none emptied, none claimed).
+TEST(ZeroBadInput, AdamWOptionsShardedAdamWCannotHonourAreRefused) {
+  auto groups = kit::ProcessGroup::local_groups(1);
+  kit::TransformerLM model(kit_test::tiny_lm(kVocab, kSeqLen));
+  const auto before = copies(model->parameters());
+  struct Bad {
+    torch::optim::AdamWOptions options;
+    std::string why;
+  };
+  const std::vector<Bad> bad = {
+      {adamw().amsgrad(true), "AdamW's amsgrad is not implemented by ZeRO's sharded AdamW; use "
+                              "amsgrad(false) (the default) or DistributedDataParallel with "
+                              "torch::optim::AdamW"},
+      {adamw().lr(-1e-3), "invalid learning rate -0.001 (AdamW wants lr >= 0)"},
+      {adamw().eps(-1), "invalid eps -1 (AdamW wants eps >= 0)"},
+      {adamw().betas(std::make_tuple(0.9, 1.0)), "invalid beta2 1 (AdamW wants 0 <= beta2 < 1)"},
+      {adamw().weight_decay(-0.01), "invalid weight_decay -0.01 (AdamW wants weight_decay >= 0)"}};
+  for (const Bad& b : bad)
+    for (int stage : {1, 2, 3}) {
+      const int line = __LINE__ + 1;
+      kit::ZeroOptions o{stage, b.options, groups[0].get()};
+      const std::string want = std::string(stage == 3 ? "FullyShardedModel" : "ZeroOptimizer") +
+                               ": " + b.why + " (zero_test.cpp:" + std::to_string(line) + ")";
+      EXPECT_EQ(error_of([&] {
+                  if (stage == 3) kit::FullyShardedModel z(model, o);
+                  else kit::ZeroOptimizer z(model, o);
+                }),
+                want);
+    }
+  EXPECT_TRUE(unchanged(model->parameters(), before));
+  EXPECT_EQ(error_of([&] { kit::ShardedAdamW a(adamw().amsgrad(true), torch::zeros({4})); }),
+            "ShardedAdamW: AdamW's amsgrad is not implemented by ZeRO's sharded AdamW; use "
+            "amsgrad(false) (the default) or DistributedDataParallel with torch::optim::AdamW");
+  // Every option ShardedAdamW does implement is accepted, the model still free to wrap.
+  EXPECT_EQ(error_of([&] {
+              kit::ZeroOptimizer z(model, {2, adamw().betas(std::make_tuple(0.8, 0.99)).eps(1e-6).weight_decay(0),
+                                           groups[0].get()});
+            }),
+            "");
 }
 
 // Parameters that do not divide by the ranks are padded: 7 elements on 4 ranks.
@@ -861,11 +948,6 @@ TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
     for (size_t i = 0; i < straight.state[r].size(); ++i)
       EXPECT_TRUE(torch::equal(second.state[r][i], straight.state[r][i])) << "rank " << r << " tensor " << i;
   }
-  // Another number of ranks: refused, one line, on every rank, before any collective.
-  const Resumed other = steps(stage, 4, 2, 3, dir, "");
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(other.errors[r], dir + ": written by 2 ranks, this run has 4: a sharded checkpoint "
-                                     "resumes only on as many ranks") << "rank " << r;
   // ZeRO-1/2 in the layout before gradient-ordered buckets (MANIFEST version 1): refused too.
   if (stage < 3) {
     std::ifstream in(dir + "/MANIFEST");
@@ -882,6 +964,127 @@ TEST_P(ZeroResume, ContinuesBitForBitOnAsManyRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroResume, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
+
+// The whole training state a sharded run holds, end to end and without padding, as every rank of
+// it sees it: the weights, AdamW's exp_avg and exp_avg_sq (each per parameter under ZeRO-1/2, per
+// unit under ZeRO-3, gathered from every rank's shard), the step counts and the learning rate.
+struct WholeState {
+  std::vector<torch::Tensor> tensors;
+  std::vector<int64_t> steps;
+  double lr = 0;
+};
+
+// ZeRO-1/2: a shard of the flat vector (weights or a moment), gathered bucket by bucket, then cut
+// into the parameters.
+std::vector<torch::Tensor> per_parameter(const kit::BucketLayout& layout, const torch::Tensor& shard,
+                                         kit::ProcessGroup& group) {
+  auto flat = torch::zeros({layout.padded()});
+  for (size_t b = 0; b < layout.buckets().size(); ++b) {
+    const auto& bucket = layout.buckets()[b];
+    auto mine = shard.narrow(0, bucket.shard_begin, bucket.slice).clone();
+    if (group.size() == 1) layout.bucket(flat, b).copy_(mine);
+    else group.all_gather(layout.bucket(flat, b), mine);
+  }
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < layout.count(); ++i) out.push_back(layout.part(flat, i).clone());
+  return out;
+}
+
+// n ranks at `stage`: from their own random weights, or `load`ed; `train` steps; saved to `save`.
+// Rank 0's view of the whole state after that, and every rank's error.
+std::pair<WholeState, std::vector<std::string>> whole_state(int stage, int n, const std::string& load,
+                                                            int64_t train, const std::string& save) {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  const auto s = tiny();
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(80 + 10 * n + r);
+    models.emplace_back(s.model);
+  }
+  WholeState out;
+  auto errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::ProcessGroup& g = *groups[r];
+    kit::ZeroOptions o{stage, adamw(), &g};
+    std::unique_ptr<kit::ZeroOptimizer> zero;
+    std::unique_ptr<kit::FullyShardedModel> zero3;
+    if (stage < 3) zero = std::make_unique<kit::ZeroOptimizer>(models[r], o);
+    else zero3 = std::make_unique<kit::FullyShardedModel>(models[r], o);
+    if (!load.empty()) {
+      if (zero) kit::load_zero_checkpoint(load, *zero);
+      else kit::load_zero_checkpoint(load, *zero3);
+    }
+    for (int64_t k = 0; k < train; ++k) {
+      auto [input, target] = kit_bench::batch(s, k, n, r);
+      kit::lm_loss(zero ? models[r]->forward(input) : zero3->forward(input), target).backward();
+      if (zero) { zero->step(); zero->zero_grad(); }
+      else { zero3->step(); zero3->zero_grad(); }
+    }
+    if (!save.empty()) {
+      if (zero) zero->set_lr(0.002);  // saved with the state
+      else zero3->set_lr(0.002);
+      if (zero) kit::save_zero_checkpoint(save, *zero);
+      else kit::save_zero_checkpoint(save, *zero3);
+    }
+    WholeState mine;
+    if (zero) {
+      for (auto& p : models[r]->parameters()) mine.tensors.push_back(p.detach().clone());
+      for (auto* moment : {&zero->adamw().exp_avg(), &zero->adamw().exp_avg_sq()})
+        for (auto& t : per_parameter(zero->layout(), *moment, g)) mine.tensors.push_back(t);
+      mine.steps = {zero->adamw().steps()};
+      mine.lr = zero->lr();
+    } else {
+      auto shards = zero3->shards();
+      auto adamw = zero3->adamw();
+      auto sizes = zero3->unit_numels();
+      for (size_t u = 0; u < shards.size(); ++u) {
+        for (const torch::Tensor& t : {shards[u].detach(), adamw[u]->exp_avg(), adamw[u]->exp_avg_sq()}) {
+          auto full = torch::empty({t.numel() * n});
+          g.all_gather(full, t.contiguous());
+          mine.tensors.push_back(full.narrow(0, 0, sizes[u]).clone());
+        }
+        mine.steps.push_back(adamw[u]->steps());
+      }
+      mine.lr = zero3->lr();
+    }
+    if (r == 0) out = mine;
+  });
+  return {out, errors};
+}
+
+class ZeroReshard : public ::testing::TestWithParam<int> {};
+
+// A checkpoint of 2 ranks loads on 3, 4 and 1: the same weights, moments, step counts and
+// learning rate, bit for bit, cut into the new number of shards (3 ranks pad every bucket and unit
+// otherwise than 2), and the run trains on from them; and back, a checkpoint of 3 ranks on 2.
+TEST_P(ZeroReshard, LoadsOnAnotherNumberOfRanks) {
+  const int stage = GetParam();
+  const std::string dir = temp_dir("reshard" + std::to_string(stage)),
+                    again = temp_dir("reshard-again" + std::to_string(stage));
+  const auto [saved, errors] = whole_state(stage, 2, "", 2, dir);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  ASSERT_EQ(saved.steps.front(), 2);
+  for (int n : {3, 4, 1}) {
+    const auto [loaded, errs] = whole_state(stage, n, dir, 0, n == 3 ? again : "");
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errs[r], "") << n << " ranks, rank " << r;
+    ASSERT_EQ(loaded.tensors.size(), saved.tensors.size());
+    for (size_t i = 0; i < saved.tensors.size(); ++i)
+      EXPECT_TRUE(torch::equal(loaded.tensors[i], saved.tensors[i])) << n << " ranks, tensor " << i;
+    EXPECT_EQ(loaded.steps, saved.steps) << n << " ranks";
+    EXPECT_EQ(loaded.lr, 0.002) << n << " ranks";
+    const auto [trained, e] = whole_state(stage, n, dir, 1, "");
+    for (int r = 0; r < n; ++r) EXPECT_EQ(e[r], "") << n << " ranks, a step after the load";
+    EXPECT_EQ(trained.steps.front(), 3);
+  }
+  const auto [back, errs] = whole_state(stage, 2, again, 0, "");
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errs[r], "") << "rank " << r;
+  for (size_t i = 0; i < saved.tensors.size(); ++i)
+    EXPECT_TRUE(torch::equal(back.tensors[i], saved.tensors[i])) << "3 ranks to 2, tensor " << i;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(again);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroReshard, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
 
 // A sharded save whose function wrote no shard into the checkpoint's folder (nothing, or its
@@ -915,6 +1118,227 @@ TEST(ZeroCheckpointSave, ASaveWithoutShardsIsRefusedAtTheCallersLine) {
   EXPECT_NE(wrong.find("(zero_test.cpp:" + std::to_string(options_line) + ")"), std::string::npos)
       << wrong;
   std::filesystem::remove_all(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What ZeRO does not shard starts alike, a learning rate that changes, one gradient per backward
+// ---------------------------------------------------------------------------------------------
+
+// A model with what ZeRO leaves whole: a frozen parameter (requires_grad false) and buffers of two
+// dtypes, beside a trainable layer. Made with a different seed on every rank.
+struct WithStateImpl : torch::nn::Module {
+  WithStateImpl() {
+    layer = register_module("layer", torch::nn::Linear(4, 3));
+    frozen = register_parameter("frozen", torch::randn({3}), /*requires_grad=*/false);
+    stats = register_buffer("stats", torch::randn({5}));
+    count = register_buffer("count", torch::randint(0, 1000, {2}, torch::kLong));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return layer(x) * frozen + stats.sum(); }
+  torch::nn::Linear layer{nullptr};
+  torch::Tensor frozen, stats, count;
+};
+TORCH_MODULE(WithState);
+
+class ZeroUnshardedState : public ::testing::TestWithParam<int> {};
+
+// As DDP does at construction: every rank gets rank 0's frozen parameters and buffers (ZeRO keeps
+// them whole on every rank), not only its trainable weights.
+TEST_P(ZeroUnshardedState, FrozenParametersAndBuffersAreRankZerosEverywhere) {
+  const int stage = GetParam(), n = 2;
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<WithState> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(40 + r);
+    models.emplace_back();
+  }
+  const auto frozen0 = models[0]->frozen.clone(), stats0 = models[0]->stats.clone(),
+             count0 = models[0]->count.clone();
+  ASSERT_FALSE(torch::equal(models[1]->frozen, frozen0));
+  ASSERT_FALSE(torch::equal(models[1]->count, count0));
+  auto errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::ZeroOptions o{stage, adamw(), groups[r].get()};
+    if (stage == 3) {
+      std::vector<kit::ShardedUnit> units;
+      units.emplace_back("all", [m = models[r]](const torch::Tensor& x) mutable { return m->forward(x); },
+                         models[r]->parameters());
+      kit::FullyShardedModel z(models[r], units, o);
+    } else {
+      kit::ZeroOptimizer z(models[r], o);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(torch::equal(models[r]->frozen, frozen0)) << "rank " << r << "'s frozen parameter";
+    EXPECT_TRUE(torch::equal(models[r]->stats, stats0)) << "rank " << r << "'s float buffer";
+    EXPECT_TRUE(torch::equal(models[r]->count, count0)) << "rank " << r << "'s int64 buffer";
+    EXPECT_FALSE(models[r]->frozen.requires_grad());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroUnshardedState, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "ZeRO" + std::to_string(info.param); });
+
+// A second gradient for one parameter in one backward (what reentrant activation checkpointing
+// does: the function below keeps its weight out of the outer graph and runs a backward of its own
+// for it): under ZeRO-2 its bucket may already be reduce-scattered, so the second gradient would be
+// lost; an error naming the parameter, as DDP's (tests/ddp/ddp_test.cpp, DDPReadyTwice). ZeRO-1
+// adds it up in .grad before step(), as torch does without DDP: fine there.
+struct Nested : torch::autograd::Function<Nested> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               const torch::Tensor& w) {
+    ctx->saved_data["w"] = w;
+    ctx->save_for_backward({h});
+    return h * w.detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto h = ctx->get_saved_variables()[0].detach();
+    auto w = ctx->saved_data["w"].toTensor();
+    torch::AutoGradMode on(true);
+    torch::autograd::backward({h * w}, {grad[0]});  // w's gradient, in a nested backward
+    return {grad[0] * w.detach(), torch::Tensor()};
+  }
+};
+
+struct TwiceImpl : torch::nn::Module {
+  torch::Tensor v, w, u;
+  TwiceImpl() {
+    v = register_parameter("v", torch::ones({2}));
+    w = register_parameter("w", torch::ones({2}));
+    u = register_parameter("u", torch::ones({2}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = x * v;
+    // u last: its gradient arrives first, in the outer backward.
+    return (Nested::apply(h, w) + Nested::apply(h, w)).sum() + (x * u).sum();
+  }
+};
+TORCH_MODULE(Twice);
+
+TEST(Zero2ReadyTwice, SecondGradientInOneBackwardIsAnErrorNamingTheParameter) {
+  const int n = 2;
+  for (int stage : {1, 2}) {
+    std::vector<Twice> models{Twice(), Twice()};
+    auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(10));
+    auto errors = kit_bench::on_every_rank(n, [&](int r) {
+      kit::ZeroOptimizer zero(models[r], {stage, adamw(), groups[r].get()});
+      models[r]->forward(torch::full({2}, 3.0f)).backward();
+      zero.step();
+    });
+    for (int r = 0; r < n; ++r) {
+      if (stage == 1) {
+        EXPECT_EQ(errors[r], "") << "ZeRO-1, rank " << r;
+        continue;
+      }
+      EXPECT_NE(errors[r].find("ZeroOptimizer (ZeRO-2): parameter 'w' got its gradient twice in "
+                               "one backward"), std::string::npos)
+          << "rank " << r << ": " << errors[r];
+      EXPECT_EQ(errors[r].find('\n'), std::string::npos) << errors[r];
+    }
+  }
+}
+
+// The learning rate set with set_lr() comes back from a sharded checkpoint, as torch's optimizer
+// state brings its param groups' rate back; on one rank, for ZeRO-1 and ZeRO-3.
+TEST(ZeroCheckpointLr, TheRateSetComesBackWithTheCheckpoint) {
+  auto groups = kit::ProcessGroup::local_groups(1);
+  for (int stage : {1, 3}) {
+    const std::string dir = temp_dir("lr" + std::to_string(stage));
+    kit::TransformerLM a(kit_test::tiny_lm(kVocab, kSeqLen)), b(kit_test::tiny_lm(kVocab, kSeqLen));
+    kit::ZeroOptions o{stage, adamw(), groups[0].get()};
+    if (stage == 1) {
+      kit::ZeroOptimizer saved(a, o), loaded(b, o);
+      saved.set_lr(0.0123456789012345);
+      kit::save_zero_checkpoint(dir, saved);
+      EXPECT_EQ(loaded.lr(), adamw().lr());
+      kit::load_zero_checkpoint(dir, loaded);
+      EXPECT_EQ(loaded.lr(), 0.0123456789012345);
+    } else {
+      kit::FullyShardedModel saved(a, o), loaded(b, o);
+      saved.set_lr(0.0123456789012345);
+      kit::save_zero_checkpoint(dir, saved);
+      kit::load_zero_checkpoint(dir, loaded);
+      EXPECT_EQ(loaded.lr(), 0.0123456789012345);
+      EXPECT_EQ(loaded.adamw()[0]->options().lr(), 0.0123456789012345);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-3's whole model on disk: FSDP's full state dict, in save0's format
+// ---------------------------------------------------------------------------------------------
+
+// Two ranks train ZeRO-3 for two steps and save0 the sharded model: rank 0 writes one file, which
+// torch::load reads into a fresh TransformerLM (exercise 01's model) with every weight equal to
+// the trained shards gathered, the buffers the model's, every shape the model's; and it is the very
+// file save0 writes for that model, byte for byte. No rank keeps a gathered unit afterwards, and
+// training goes on.
+TEST(Zero3FullSave, Save0WritesTheWholeModelThatExercise01Loads) {
+  const int n = 2;
+  const std::string dir = temp_dir("full");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model-final.pt";
+  const auto s = tiny();
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(60 + r);
+    models.emplace_back(s.model);
+  }
+  std::vector<std::vector<torch::Tensor>> gathered(n);  // per rank, per unit: its full weights
+  std::vector<size_t> state_sizes(n);
+  std::vector<double> after(n);
+  auto errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::FullyShardedModel zero3(models[r], {3, adamw(), groups[r].get()});
+    auto step = [&](int64_t k) {
+      auto [input, target] = kit_bench::batch(s, k, n, r);
+      auto loss = kit::lm_loss(zero3.forward(input), target);
+      loss.backward();
+      zero3.step();
+      zero3.zero_grad();
+      return loss.item<double>();
+    };
+    step(0);
+    step(1);
+    kit::save0(zero3, path);
+    state_sizes[r] = zero3.full_state_dict().size();
+    for (auto& p : models[r]->parameters()) EXPECT_EQ(p.numel(), 0) << "rank " << r << ": left gathered";
+    for (auto& shard : zero3.shards()) {
+      auto full = torch::empty({shard.numel() * n});
+      groups[r]->all_gather(full, shard.detach());
+      gathered[r].push_back(full);
+    }
+    after[r] = step(2);
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GT(state_sizes[0], 0u);
+  EXPECT_EQ(state_sizes[1], 0u) << "rank 1's full state dict is empty (rank0_only)";
+  EXPECT_TRUE(std::isfinite(after[0]));
+
+  torch::manual_seed(99);
+  kit::TransformerLM fresh(s.model), shapes(s.model);
+  torch::load(fresh, path);
+  auto loaded = fresh->named_parameters();
+  for (auto& item : shapes->named_parameters())
+    EXPECT_EQ(loaded[item.key()].sizes(), item.value().sizes()) << item.key();
+  const auto units = kit_bench::unit_weights(fresh);
+  ASSERT_EQ(units.size(), gathered[0].size());
+  for (size_t u = 0; u < units.size(); ++u)
+    EXPECT_TRUE(torch::equal(units[u], gathered[0][u].narrow(0, 0, units[u].numel())))
+        << "unit " << u << " differs from the trained shards";
+  auto buffers = shapes->named_buffers();
+  for (auto& item : fresh->named_buffers())
+    EXPECT_TRUE(torch::equal(item.value(), buffers[item.key()])) << item.key();
+  // save0's format: the very file save0 writes for the model that holds these weights (one
+  // process, no group: it writes at once).
+  const std::string again = dir + "/again.pt";
+  kit::save0(fresh, again);
+  std::ifstream a(path, std::ios::binary), b(again, std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>()),
+      bytes_b((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(bytes_a == bytes_b) << bytes_a.size() << " bytes, save0's " << bytes_b.size();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 //                      refused in one line, shutdown();
 //   * NcclDDP          also: DDP's wait/reduce times are CUDA-event device times;
 //   * Ex01OnGpus.StopAndResumeIsBitExactWithDropoutOnTheGpu  stop, resume (CUDA generators in
-//                      the checkpoint): the uninterrupted run's losses and model, bit for bit.
+//                      the checkpoint): the uninterrupted run's losses and model, bit for bit;
+//   * Ex01OnGpus.ResumeWithAnotherGpuVisibility  the same, resumed with another
+//                      CUDA_VISIBLE_DEVICES (each rank's checkpoint holds its own GPU's generator).
 //
 // The in-process ranks are threads, one per GPU (NCCL cannot put two ranks of one group on the
 // same GPU), so the world size is the number of visible GPUs; a world of one on a single GPU
@@ -514,8 +516,11 @@ TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
                                         {"KIT_DEBUG_COLLECTIVES", "1"}});
   ASSERT_EQ(stop.exit_code, 0) << stop;
   ASSERT_NE(stop.out.find("stopping after step 3"), std::string::npos) << stop;
-  EXPECT_TRUE(fs::exists(dir.path / "parts" / "checkpoints" / "step-000000003" / "cuda-rng-rank0.bin"))
-      << "the checkpoint holds no CUDA generator state";
+  const fs::path cuda_rng = dir.path / "parts" / "checkpoints" / "step-000000003" / "cuda-rng-rank0.bin";
+  EXPECT_TRUE(fs::exists(cuda_rng)) << "the checkpoint holds no CUDA generator state";
+  // The rank's own GPU's generator only, not one per visible GPU (kit/train/checkpoint_format.h).
+  EXPECT_EQ(kit_test::read_file(cuda_rng).rfind("kit-cuda-rng 2\n", 0), 0u)
+      << "not the one-GPU format: " << kit_test::read_file(cuda_rng).substr(0, 20);
   kit_test::Result rest = run("parts", {{"KIT_DEBUG_COLLECTIVES", "1"}});
   ASSERT_EQ(rest.exit_code, 0) << rest;
   ASSERT_NE(rest.out.find("resuming from"), std::string::npos) << rest;
@@ -533,6 +538,45 @@ TEST(Ex01OnGpus, StopAndResumeIsBitExactWithDropoutOnTheGpu) {
   EXPECT_TRUE(kit_test::read_file(dir.path / "whole" / "model-final.pt") ==
               kit_test::read_file(dir.path / "parts" / "model-final.pt"))
       << "model-final.pt differs from the uninterrupted run's";
+}
+
+// A resume that sees the GPUs otherwise: one rank stopped after step 3 with every GPU visible
+// (it drives cuda:0, the first), resumed with CUDA_VISIBLE_DEVICES naming only the last GPU (its
+// cuda:0 now), as a job requeued onto another GPU of the node. The checkpoint holds the generator
+// of the rank's own GPU, restored into its GPU of the resume: the uninterrupted run's losses and
+// model, bit for bit. When the checkpoint held every visible GPU's generator, this resume was
+// refused ("holds the CUDA random state of 2 GPU(s), and this rank sees 1"). Needs 2 GPUs.
+TEST(Ex01OnGpus, ResumeWithAnotherGpuVisibility) {
+  SKIP_UNLESS_NCCL(1);
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs to see them otherwise, this machine has " << gpus();
+  kit_test::TempDir dir("kit-gpu", "KIT_GPU_KEEP");
+  const std::string tag = "kit-gpu-" + std::to_string(::getpid());
+  auto env = [&](std::map<std::string, std::string> extra) {
+    extra["KIT_TIMEOUT"] = "120";
+    return kit_test::clean_env("KIT_GPU_TEST_TAG", tag, extra);
+  };
+  std::vector<std::string> corpus = {MAKE_CORPUS_EXE, "--out", (dir.path / "data").string()};
+  corpus.insert(corpus.end(), kCorpusFlags.begin(), kCorpusFlags.end());
+  ASSERT_EQ(kit_test::Process(corpus, env({}), dir.path, "make_corpus").wait(60).exit_code, 0);
+  auto run = [&](const std::string& out, const std::map<std::string, std::string>& extra) {
+    std::vector<std::string> argv = {DDPRUN_EXE, "--nproc-per-node", "1", "--", TRAINER_EXE,
+                                     "--data-dir", (dir.path / "data").string(),
+                                     "--out-dir", (dir.path / out).string()};
+    argv.insert(argv.end(), kRunFlags.begin(), kRunFlags.end());
+    argv.insert(argv.end(), {"--dropout", "0.2", "--max-steps", "6"});  // the last flag wins
+    return kit_test::Process(argv, env(extra), dir.path, out).wait(540);
+  };
+  kit_test::Result whole = run("whole", {});
+  ASSERT_EQ(whole.exit_code, 0) << whole;
+  kit_test::Result stop = run("parts", {{"KIT_TEST_STOP_AFTER_STEP", "3"}, {"LD_PRELOAD", TEST_HOOKS_LIB}});
+  ASSERT_EQ(stop.exit_code, 0) << stop;
+  ASSERT_NE(stop.out.find("stopping after step 3"), std::string::npos) << stop;
+  kit_test::Result rest = run("parts", {{"CUDA_VISIBLE_DEVICES", std::to_string(gpus() - 1)}});
+  ASSERT_EQ(rest.exit_code, 0) << "the resume with one GPU visible was refused?\n" << rest;
+  ASSERT_NE(rest.out.find("resuming from"), std::string::npos) << rest;
+  EXPECT_TRUE(kit_test::read_file(dir.path / "whole" / "model-final.pt") ==
+              kit_test::read_file(dir.path / "parts" / "model-final.pt"))
+      << "model-final.pt differs from the uninterrupted run's: another generator state?";
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "kit/runtime/distributed.h"
 #include "kit/runtime/env.h"
 #include "kit/runtime/process_group.h"
+#include "kit/train/checkpoint_format.h"  // cuda_rng_bytes, parse_cuda_rng: the file's format
 
 namespace fs = std::filesystem;
 
@@ -1184,6 +1185,42 @@ TEST(DistributedSampler, SetEpochChangesTheOrder) {
 TEST(DistributedSampler, RankOutOfRangeIsRejected) {
   EXPECT_ANY_THROW(kit::DistributedSampler(10, true, 0, 2, 2));
   EXPECT_ANY_THROW(kit::DistributedSampler(0, true, 0, 2, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A checkpoint's CUDA generator: the rank's own GPU's (kit/train/checkpoint_format.h)
+// ---------------------------------------------------------------------------------------------
+
+// What a rank saves is its own GPU's generator and nothing of the others it sees: the file is the
+// same whatever the GPUs visible, and reads back on any view that gives the rank a GPU (another
+// CUDA_VISIBLE_DEVICES, another --gpu-bind). The states here are made up: the format is what is
+// tested (tests/gpu: Ex01OnGpus.ResumeWithAnotherGpuVisibility restores real ones).
+TEST(CudaRngFile, HoldsTheRanksOwnGpuAndReadsBackUnderAnyVisibility) {
+  namespace cf = kit::checkpoint_format;
+  const std::string state("state\n of \0 one GPU", 19);
+  const std::string bytes = cf::cuda_rng_bytes(state);
+  EXPECT_EQ(bytes, "kit-cuda-rng 2\n19\n" + state);
+  EXPECT_EQ(cf::cuda_rng_bytes(""), "") << "no GPU, no file";
+  for (int visible : {1, 2, 8})
+    for (int index : {0, visible - 1}) {
+      std::string got;
+      EXPECT_EQ(cf::parse_cuda_rng(bytes, index, visible, got), "") << visible << " visible";
+      EXPECT_EQ(got, state) << visible << " visible, cuda:" << index;
+    }
+  std::string got;
+  EXPECT_EQ(cf::parse_cuda_rng(bytes, -1, 0, got),
+            "holds the state of a GPU's random generator, and this rank has no GPU");
+  EXPECT_EQ(cf::parse_cuda_rng(bytes.substr(0, bytes.size() - 1), 0, 1, got),
+            "its CUDA random state is damaged");
+  EXPECT_EQ(cf::parse_cuda_rng("kit-cuda-rng 3\n1\nx", 0, 1, got), "its CUDA random state is damaged");
+  // A checkpoint of an earlier kit holds every GPU the rank saw: its own is found only on the
+  // same view (then by the rank's index), and another view is refused as before.
+  const std::string old = "kit-cuda-rng 1 2\n3\naaa4\nbbbb";
+  EXPECT_EQ(cf::parse_cuda_rng(old, 1, 2, got), "");
+  EXPECT_EQ(got, "bbbb");
+  EXPECT_EQ(cf::parse_cuda_rng(old, 0, 1, got),
+            "holds the CUDA random state of 2 GPU(s), and this rank sees 1 (a bit-exact resume of "
+            "a checkpoint of an earlier kit needs the same GPUs)");
 }
 
 }  // namespace

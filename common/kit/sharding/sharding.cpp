@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -82,6 +84,7 @@ BucketLayout::BucketLayout(const std::vector<torch::Tensor>& params, int world, 
   bool alone = false;          // the open bucket holds a parameter of half the cap or more
   auto close = [&] {           // pad the open bucket to N slices
     Bucket& b = buckets_.back();
+    b.numel = filled;
     b.slice = (filled + world - 1) / world;
     b.shard_begin = shard_;
     shard_ += b.slice;
@@ -133,10 +136,60 @@ std::vector<torch::Tensor> BucketLayout::own_pieces(const torch::Tensor& flat) c
   return out;
 }
 
+std::string unsupported_adamw(const torch::optim::AdamWOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  std::ostringstream why;
+  // amsgrad keeps a third state (the running maximum of exp_avg_sq) and divides by it: not built,
+  // and ignoring it would train another optimizer than the one asked for.
+  if (o.amsgrad())
+    why << "AdamW's amsgrad is not implemented by ZeRO's sharded AdamW; use amsgrad(false) (the "
+           "default) or DistributedDataParallel with torch::optim::AdamW";
+  // torch::optim::AdamW's own checks (its constructor), in its order; `!(x >= 0)` also catches NaN.
+  else if (!(o.lr() >= 0)) why << "invalid learning rate " << o.lr() << " (AdamW wants lr >= 0)";
+  else if (!(o.eps() >= 0)) why << "invalid eps " << o.eps() << " (AdamW wants eps >= 0)";
+  else if (!(beta1 >= 0 && beta1 < 1)) why << "invalid beta1 " << beta1 << " (AdamW wants 0 <= beta1 < 1)";
+  else if (!(beta2 >= 0 && beta2 < 1)) why << "invalid beta2 " << beta2 << " (AdamW wants 0 <= beta2 < 1)";
+  else if (!(o.weight_decay() >= 0))
+    why << "invalid weight_decay " << o.weight_decay() << " (AdamW wants weight_decay >= 0)";
+  return why.str();
+}
+
+void check_adamw_options(const torch::optim::AdamWOptions& options, const std::string& who,
+                         const CallSite& site) {
+  const std::string why = unsupported_adamw(options);
+  if (!why.empty()) throw std::invalid_argument(who + ": " + why + " (" + site.str() + ")");
+}
+
+// Not all through float32: that would round float64 values and large int64 buffers. Only bool and
+// bfloat16 travel as uint8 / float32 (exact), in case the backend cannot broadcast them.
+void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& state) {
+  if (group.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  auto wire = [](c10::ScalarType t) {
+    return t == torch::kBool ? torch::kByte : t == torch::kBFloat16 ? torch::kFloat : t;
+  };
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;  // same order on every rank
+  for (auto& t : state) by_type[wire(t.scalar_type())].push_back(t);
+  for (auto& [type, tensors] : by_type) {
+    std::vector<torch::Tensor> parts;
+    for (auto& t : tensors) parts.push_back(t.detach().reshape(-1).to(type));
+    auto flat = torch::cat(parts);
+    group.broadcast(flat, 0);
+    int64_t at = 0;
+    for (auto t : tensors) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
 ShardedAdamW::ShardedAdamW(const torch::optim::AdamWOptions& options, const torch::Tensor& like)
-    : options_(options),
-      exp_avg_(torch::zeros_like(like)),
-      exp_avg_sq_(torch::zeros_like(like)) {}
+    : options_(options) {
+  const std::string why = unsupported_adamw(options);
+  if (!why.empty()) throw std::invalid_argument("ShardedAdamW: " + why);
+  exp_avg_ = torch::zeros_like(like);
+  exp_avg_sq_ = torch::zeros_like(like);
+}
 
 // torch::optim::AdamW::step for one tensor (without amsgrad), operation for operation, so that the
 // sharded run matches the unsharded one to the last bit where the gradients agree. Every operation

@@ -21,6 +21,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/types.h>
 
+#include "kit/runtime/process_group.h"  // ProcessGroup, CallSite
+
 namespace kit {
 
 // 0 is plain DDP; 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.
@@ -72,6 +74,7 @@ class BucketLayout {
     int64_t begin = 0;           // where the bucket starts in the flat vector
     int64_t slice = 0;           // each rank's elements of it (the bucket is N slices)
     int64_t shard_begin = 0;     // where this bucket's slice starts in a rank's shard
+    int64_t numel = 0;           // its parameters' elements (the padding left out)
   };
   // `params` (their shapes), `world` ranks seen by `rank`, buckets of at most `cap` elements.
   BucketLayout(const std::vector<torch::Tensor>& params, int world, int rank, int64_t cap);
@@ -107,9 +110,25 @@ class BucketLayout {
   int world_, rank_;
 };
 
+// Why `options` cannot train a ShardedAdamW, in words, or "". Of torch::optim::AdamWOptions'
+// fields (lr, betas, eps, weight_decay, amsgrad: all of them in LibTorch 2.13's header) ShardedAdamW
+// implements all but amsgrad, which is refused rather than ignored; values torch::optim::AdamW's
+// constructor refuses (a negative lr, eps or weight_decay, a beta outside [0, 1)) are refused too.
+std::string unsupported_adamw(const torch::optim::AdamWOptions& options);
+// The same as one error: std::invalid_argument "<who>: <why> (<site>)" (site: the trainer's line
+// that wrote the options, ZeroOptions::site), thrown before anything is changed.
+void check_adamw_options(const torch::optim::AdamWOptions& options, const std::string& who,
+                         const CallSite& site);
+
+// Rank 0's values of `state` into every rank's tensors, in place: one broadcast per dtype, the
+// same order on every rank (DDP's start, kit/ddp/ddp.cpp, for the frozen parameters and buffers
+// that ZeRO does not shard). Every rank must call it, with tensors of the same shapes and dtypes.
+void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& state);
+
 // AdamW's state for one flat shard, and its update.
 class ShardedAdamW {
  public:
+  // std::invalid_argument for options it cannot train with (unsupported_adamw()).
   ShardedAdamW(const torch::optim::AdamWOptions& options, const torch::Tensor& like_shard);
   // param -= AdamW's step for `grad`, in place (both: this rank's shard).
   void update(torch::Tensor param, const torch::Tensor& grad);
@@ -121,6 +140,9 @@ class ShardedAdamW {
   torch::Tensor& exp_avg() { return exp_avg_; }
   torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
   void set_steps(int64_t s) { step_ = s; }
+  // The rate of the next update()s: torch's optimizer.param_groups()[0].options().set_lr(lr), for
+  // a schedule. Not checked, as torch does not check it there.
+  void set_lr(double lr) { options_.lr(lr); }
   int64_t bytes() const;  // the state held: both moments
   const torch::optim::AdamWOptions& options() const { return options_; }
 

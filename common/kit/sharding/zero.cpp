@@ -16,11 +16,38 @@
 namespace kit {
 namespace {
 
-std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
+using Named = torch::OrderedDict<std::string, torch::Tensor>;
+
+// The trainable parameters, or their names (in the same order).
+std::vector<torch::Tensor> trainable(const Named& named, const CallSite& site) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : params)
-    if (p.requires_grad()) out.push_back(p);
-  if (out.empty()) throw std::invalid_argument("ZeroOptimizer: the model has no trainable parameters");
+  for (const auto& item : named)
+    if (item.value().requires_grad()) out.push_back(item.value());
+  if (out.empty())
+    throw std::invalid_argument("ZeroOptimizer: the model has no trainable parameters (" +
+                                site.str() + ")");
+  return out;
+}
+std::vector<std::string> trainable_names(const Named& named) {
+  std::vector<std::string> out;
+  for (const auto& item : named)
+    if (item.value().requires_grad()) out.push_back(item.key());
+  return out;
+}
+
+// A list of parameters, named by their place in it.
+Named numbered(const std::vector<torch::Tensor>& params) {
+  Named out;
+  for (size_t i = 0; i < params.size(); ++i) out.insert("parameter " + std::to_string(i), params[i]);
+  return out;
+}
+
+// What is not sharded but must start alike on every rank: the frozen parameters and the buffers.
+std::vector<torch::Tensor> unsharded_state(const Named& named, const std::vector<torch::Tensor>& buffers) {
+  std::vector<torch::Tensor> out;
+  for (const auto& item : named)
+    if (!item.value().requires_grad()) out.push_back(item.value());
+  out.insert(out.end(), buffers.begin(), buffers.end());
   return out;
 }
 
@@ -43,13 +70,15 @@ int64_t bucket_cap(const std::vector<torch::Tensor>& params) {
 // 2 ranks, 168.0-171.2 against 166.9-170.6 on 4, varying from run to run).
 constexpr size_t kInFlight = 2;
 
-// Ends with the line that wrote the options (ZeroOptions::site): the trainer's, not this file's.
+// The stage, and AdamW's options; an error ends with the line that wrote the options
+// (ZeroOptions::site): the trainer's, not this file's.
 int stage_1_or_2(const ZeroOptions& options) {
   const int stage = options.stage;
   if (stage != 1 && stage != 2)
     throw std::invalid_argument("ZeroOptimizer does stages 1 and 2, not " + std::to_string(stage) +
                                 " (stage 0 is DistributedDataParallel, 3 is FullyShardedModel) (" +
                                 options.site.str() + ")");
+  check_adamw_options(options.adamw, "ZeroOptimizer", options.site);
   return stage;
 }
 
@@ -119,6 +148,15 @@ void ZeroOptimizer::start_overlap() {
 void ZeroOptimizer::before_grad(size_t i) {
   Overlap& o = *overlap_;
   torch::NoGradGuard no_grad;
+  // A parameter used twice in one graph gets one gradient (autograd sums its uses first); a second
+  // one is a second backward through it while this one runs (DDP's check, kit/ddp/ddp.cpp), and
+  // its bucket may already be on the wire or freed: that gradient would be lost.
+  if (o.in_backward && o.ready[i])
+    throw std::runtime_error("ZeroOptimizer (ZeRO-2): parameter '" + names_[i] + "' got its "
+                             "gradient twice in one backward (reentrant activation checkpointing "
+                             "or a second backward through it before this one ended); its bucket "
+                             "may already be reduce-scattered: give each parameter one gradient "
+                             "per backward");
   if (!o.in_backward) {  // the first gradient of this backward
     o.in_backward = true;
     o.next = 0;
@@ -219,11 +257,21 @@ void ZeroOptimizer::finish_backward() {
   for (auto& buf : o.buffers) buf = torch::Tensor();
 }
 
+ZeroOptimizer::ZeroOptimizer(const torch::nn::Module& model, ZeroOptions options)
+    : ZeroOptimizer(model.named_parameters(), model.buffers(), options) {}
+
 ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options)
+    : ZeroOptimizer(numbered(params), {}, options) {}
+
+// Everything that can be refused is checked in the initialisers (the stage, AdamW's options, the
+// parameters, DDP's claim), before the body changes the model.
+ZeroOptimizer::ZeroOptimizer(const Named& named, const std::vector<torch::Tensor>& buffers,
+                             ZeroOptions options)
     : keep_group_(group_or_world(options.group, "ZeroOptimizer", &options.site)),
       group_(keep_group_.get()),
       stage_(stage_1_or_2(options)),
-      params_(trainable(params)),
+      names_(trainable_names(named)),
+      params_(trainable(named, options.site)),
       claim_(params_, "ZeRO-" + std::to_string(stage_)),
       layout_(params_, group_->size(), group_->rank(), bucket_cap(params_)),
       adamw_(options.adamw, torch::zeros({layout_.shard()}, params_[0].options().requires_grad(false))),
@@ -236,6 +284,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions opti
   flat_params_ = layout_.flatten(params_);
   group_->broadcast(flat_params_, 0);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(layout_.part(flat_params_, i));
+  // What is not sharded: each rank keeps it whole, rank 0's (DDP does the same).
+  broadcast_from_rank0(*group_, unsharded_state(named, buffers));
   // Stage 2 reduce-scatters during backward (Overlap, above). At stage 1 the gradients are views
   // of one flat buffer too: before backward accumulates the first of them, every .grad becomes a
   // zeroed view of it (AccumulateGrad then adds into it in place: 0 + g is g, bit for bit), and

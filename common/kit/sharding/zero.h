@@ -54,10 +54,21 @@
 // the peak is kit/train/memory.h's.
 //
 // Wraps the model instead of DDP, never together with it (one error line: kit/ddp/param_claim.h).
-// At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike.
+// At construction rank 0's parameters are broadcast, as DDP does, so all ranks start alike: the
+// trainable ones, and, given the model, its frozen ones (requires_grad false) and its buffers too.
+// AdamW's options are checked first: amsgrad, which ShardedAdamW does not implement, and values
+// torch::optim::AdamW refuses are one error line ending with the line that wrote the options
+// (kit/sharding/sharding.h, unsupported_adamw), and nothing is changed.
+// set_lr() changes the rate between steps, as torch's param_groups()[0].options().set_lr() does
+// (Python: param_groups[0]["lr"] = lr), for a schedule such as warm-up (kit/train/lr_rule.h); a
+// sharded checkpoint keeps it, as torch's optimizer state does.
+// At stage 2, a parameter that gets a second gradient in one backward (a reentrant activation
+// checkpoint, a nested backward through it) is an error naming it, as under DDP: its bucket may
+// already be reduce-scattered, and the second gradient would be lost.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -72,7 +83,7 @@ namespace kit {
 
 struct ZeroOptions {
   int stage = 1;  // 1 or 2 here; 3 is kit/sharding/zero3.h
-  torch::optim::AdamWOptions adamw{1e-3};
+  torch::optim::AdamWOptions adamw{1e-3};  // amsgrad is refused (see above)
   // The ranks that share the state: default the world (kit::setup()'s group), or a group from
   // kit::new_group() that this rank is a member of (rank 0's weights: the group's first rank's).
   ProcessGroup* group = nullptr;
@@ -88,9 +99,13 @@ struct ZeroOptions {
 
 class ZeroOptimizer {
  public:
+  // The model's trainable parameters are sharded; its frozen parameters and buffers are set to
+  // rank 0's, as DDP does; a parameter is named by its name in the model in an error.
   template <typename M>
   ZeroOptimizer(const torch::nn::ModuleHolder<M>& model, ZeroOptions options)
-      : ZeroOptimizer(model->parameters(), options) {}
+      : ZeroOptimizer(*model, options) {}
+  ZeroOptimizer(const torch::nn::Module& model, ZeroOptions options);
+  // Parameters only: no buffers to broadcast; a parameter is named by its place in the list.
   ZeroOptimizer(std::vector<torch::Tensor> params, ZeroOptions options);
   ~ZeroOptimizer();  // takes its hooks off the parameters
   ZeroOptimizer(const ZeroOptimizer&) = delete;  // the hooks point at this object
@@ -102,6 +117,9 @@ class ZeroOptimizer {
   HeldBytes held() const;
   const BucketLayout& layout() const { return layout_; }
   int stage() const { return stage_; }
+  // The learning rate of the next step()s (see the top of this file).
+  void set_lr(double lr) { adamw_.set_lr(lr); }
+  double lr() const { return adamw_.options().lr(); }
   // The averaged gradient's global norm before clipping, at the last step (undefined without
   // max_grad_norm): a 0-d tensor on the gradients' device, as clip_grad_norm_ returns it.
   const torch::Tensor& grad_norm() const { return grad_norm_; }
@@ -116,6 +134,9 @@ class ZeroOptimizer {
   void load_own_params(const torch::Tensor& shard);
 
  private:
+  // Both public constructors: every parameter by name, and the buffers (rank 0's everywhere).
+  ZeroOptimizer(const torch::OrderedDict<std::string, torch::Tensor>& named,
+                const std::vector<torch::Tensor>& buffers, ZeroOptions options);
   void gather_params();  // all-gather every rank's slices into the weights, bucket by bucket
   void reduce_scatter_grads(const torch::Tensor& my_grad);  // bucket by bucket, from flat_grads_
   torch::Tensor& flat_grads();  // the flat gradient buffer, made (zeros) and handed out as .grad
@@ -132,6 +153,7 @@ class ZeroOptimizer {
   std::shared_ptr<ProcessGroup> keep_group_;
   ProcessGroup* group_;
   int stage_;
+  std::vector<std::string> names_;  // per trainable parameter, for errors
   std::vector<torch::Tensor> params_;
   ParameterClaim claim_;
   BucketLayout layout_;

@@ -8,8 +8,10 @@
 
 #include <torch/torch.h>
 
-#include "kit/sharding/clip.h"        // clip_shard_grads_: the global norm over every unit's shard
+#include "kit/check/observe.h"        // observe::save0: save0's event for the checker
 #include "kit/runtime/distributed.h"  // group_or_world
+#include "kit/runtime/files.h"        // write_atomically: save0's file
+#include "kit/sharding/clip.h"        // clip_shard_grads_: the global norm over every unit's shard
 
 namespace kit {
 
@@ -159,13 +161,46 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
   }
 };
 
-// Ends with the line that wrote the options (ZeroOptions::site): the trainer's, not this file's.
+// The stage and AdamW's options; an error ends with the line that wrote the options
+// (ZeroOptions::site): the trainer's, not this file's.
 int stage_3(const ZeroOptions& options) {
   if (options.stage != 3)
     throw std::invalid_argument("FullyShardedModel is ZeRO stage 3, not " +
                                 std::to_string(options.stage) + " (stages 1 and 2: ZeroOptimizer) (" +
                                 options.site.str() + ")");
+  check_adamw_options(options.adamw, "FullyShardedModel", options.site);
   return options.stage;
+}
+
+// The list of units against the model: each unit has a forward, each trainable parameter of the
+// model is in exactly one unit, and the units read only the model's parameters. Checked before
+// anything is claimed, broadcast or freed, so that a refused list leaves the model as it was.
+void check_units(const torch::nn::Module& model, const std::vector<ShardedUnit>& units,
+                 const CallSite& site) {
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("FullyShardedModel: " + why + " (" + site.str() + ")");
+  };
+  if (units.empty()) refuse("no units given");
+  std::unordered_map<const void*, const std::string*> owner;  // a trainable parameter's unit
+  std::unordered_map<const void*, std::string> of_model;      // the model's parameters' names
+  for (auto& item : model.named_parameters()) of_model.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  for (auto& u : units) {
+    if (!u.forward) refuse("unit '" + u.name + "' has no forward");
+    for (auto& p : u.params) {
+      if (!of_model.count(p.unsafeGetTensorImpl()))
+        refuse("unit '" + u.name + "' reads a parameter that is not the model's");
+      if (!p.requires_grad()) continue;
+      // A parameter in two units would be gathered into two buffers and trained twice.
+      auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u.name);
+      if (!fresh)
+        refuse("a parameter of unit '" + u.name + "' is also in unit '" + *at->second + "'");
+    }
+  }
+  // One outside every unit would be neither gathered nor trained.
+  for (auto& item : model.named_parameters())
+    if (item.value().requires_grad() && !owner.count(item.value().unsafeGetTensorImpl()))
+      refuse("the model's parameter '" + item.key() + "' is in no unit: every trainable parameter "
+             "must be in exactly one");
 }
 
 std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
@@ -177,41 +212,28 @@ std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
 
 }  // namespace
 
-void check_units_cover(const std::vector<torch::Tensor>& model_params,
-                       const std::vector<ShardedUnit>& units) {
-  int64_t all = 0, in_units = 0;
-  for (auto& p : trainable(model_params)) all += p.numel();
-  for (auto& u : units)
-    for (auto& p : trainable(u.params)) in_units += p.numel();
-  if (all != in_units)
-    throw std::invalid_argument("FullyShardedModel: the units hold " + std::to_string(in_units) +
-                                " of the model's " + std::to_string(all) + " parameters");
-}
-
-FullyShardedModel::FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
+FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> model,
+                                     std::vector<ShardedUnit> units, ZeroOptions options,
                                      FullyShardedOptions sharding)
     : keep_group_(group_or_world(options.group, "FullyShardedModel", &options.site)),
       group_(keep_group_.get()),
+      model_(std::move(model)),
+      lr_(options.adamw.lr()),
       recompute_(sharding.recompute) {
   stage_3(options);
   max_grad_norm_ = check_max_grad_norm(options.max_grad_norm, "FullyShardedModel");
-  if (units.empty()) throw std::invalid_argument("FullyShardedModel: no units given");
-  // A parameter in two units would be gathered into two buffers and trained twice.
-  std::unordered_map<const void*, const std::string*> owner;
+  check_units(*model_, units, options.site);
   std::vector<torch::Tensor> every;
-  for (auto& u : units) {
-    if (!u.forward)
-      throw std::invalid_argument("FullyShardedModel: unit '" + u.name + "' has no forward");
-    for (auto& p : trainable(u.params)) {
-      auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u.name);
-      if (!fresh)
-        throw std::invalid_argument("FullyShardedModel: a parameter of unit '" + u.name +
-                                    "' is also in unit '" + *at->second + "'");
-      every.push_back(p);
-    }
-  }
+  for (auto& u : units)
+    for (auto& p : trainable(u.params)) every.push_back(p);
   claim_ = std::make_unique<ParameterClaim>(every, "ZeRO-3");
   torch::NoGradGuard no_grad;
+  // What is not sharded, whole on every rank: rank 0's frozen parameters and buffers.
+  std::vector<torch::Tensor> unsharded;
+  for (auto& p : model_->parameters())
+    if (!p.requires_grad()) unsharded.push_back(p);
+  for (auto& b : model_->buffers()) unsharded.push_back(b);
+  broadcast_from_rank0(*group_, unsharded);
   for (auto& u : units) {
     std::vector<torch::Tensor> params = trainable(u.params);
     if (params.empty()) {  // nothing to shard: the unit runs as it is
@@ -277,6 +299,69 @@ torch::Tensor FullyShardedModel::forward(const torch::Tensor& input) {
   return x;
 }
 
+void FullyShardedModel::set_lr(double lr) {
+  lr_ = lr;
+  for (auto& u : units_) u->adamw.set_lr(lr);
+}
+
+// Unit by unit, as forward gathers: the same collectives in the same order on every rank.
+torch::OrderedDict<std::string, torch::Tensor> FullyShardedModel::full_state_dict() {
+  torch::NoGradGuard no_grad;
+  const bool keep = group_->rank() == 0;
+  // A CPU tensor of its own (not a view of the unit's buffer, which save would write whole), with
+  // the parameter's requires_grad, as Module::save writes the parameter itself.
+  auto on_cpu = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).requires_grad_(t.requires_grad());
+  };
+  std::unordered_map<const void*, torch::Tensor> gathered;  // rank 0: each sharded parameter's
+  for (auto& u : units_) {
+    gather(*u);
+    if (keep)
+      for (auto& p : u->params) gathered.emplace(p.unsafeGetTensorImpl(), on_cpu(p));
+    release(*u);
+  }
+  torch::OrderedDict<std::string, torch::Tensor> out;
+  if (!keep) return out;
+  for (auto& item : model_->named_parameters()) {
+    auto it = gathered.find(item.value().unsafeGetTensorImpl());
+    out.insert(item.key(), it != gathered.end() ? it->second : on_cpu(item.value()));
+  }
+  for (auto& item : model_->named_buffers()) out.insert(item.key(), on_cpu(item.value()));
+  return out;
+}
+
+namespace {
+// Module::save's layout (torch/csrc/api/src/nn/module.cpp), with the values of `state` (by dotted
+// name) in place of the module's own: a module's parameters, then its buffers, then each child
+// that is serializable as an archive of its own, under its name.
+void write_as_module(const torch::nn::Module& module,
+                     const torch::OrderedDict<std::string, torch::Tensor>& state,
+                     const std::string& prefix, torch::serialize::OutputArchive& archive) {
+  for (auto& item : module.named_parameters(/*recurse=*/false))
+    archive.write(item.key(), state[prefix + item.key()]);
+  for (auto& item : module.named_buffers(/*recurse=*/false))
+    archive.write(item.key(), state[prefix + item.key()], /*is_buffer=*/true);
+  for (auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::OutputArchive sub(archive.compilation_unit());
+    write_as_module(*child.value(), state, prefix + child.key() + ".", sub);
+    archive.write(child.key(), sub);
+  }
+}
+}  // namespace
+
+void save0(FullyShardedModel& model, const std::string& path, CallSite site) {
+  auto state = model.full_state_dict();  // every rank: the gathers
+  if (model.group().rank() == 0) {
+    torch::serialize::OutputArchive archive;
+    write_as_module(model.module(), state, "", archive);
+    write_atomically(path, archive, "save0");  // temp file, fsync, rename (kit/runtime/files.h)
+  }
+  observe::save0(path);
+  // Nobody reads the file before it is complete (e.g. to evaluate the best model).
+  if (model.group().size() > 1) model.group().barrier(site);
+}
+
 void FullyShardedModel::zero_grad() {
   for (auto& u : units_) u->shard.mutable_grad() = torch::Tensor();
 }
@@ -318,6 +403,12 @@ int64_t FullyShardedModel::padded() const {
 std::vector<torch::Tensor> FullyShardedModel::shards() const {
   std::vector<torch::Tensor> out;
   for (auto& u : units_) out.push_back(u->shard);
+  return out;
+}
+
+std::vector<int64_t> FullyShardedModel::unit_numels() const {
+  std::vector<int64_t> out;
+  for (auto& u : units_) out.push_back(u->layout.numel());
   return out;
 }
 

@@ -4,13 +4,22 @@
 //   kit::FullyShardedModel sharded(model, {.stage = 3, .adamw = AdamWOptions(1e-3)});
 //   auto loss = kit::lm_loss(sharded.forward(input), target);  // not model->forward
 //   loss.backward(); sharded.step(); sharded.zero_grad();
+//   kit::save0(sharded, "model-final.pt");  // the whole model, gathered to rank 0: save0's file
 //
-// Any model that is a chain of units can be sharded: give a list of ShardedUnit (a name, the
-// unit's forward, Tensor -> Tensor, and the parameters it reads; or a module holder and a forward)
-// in the order forward runs them, or a model that lists its own units (a units() method whose
-// elements have a `module` and a `run`, as TransformerLM::units(): the embedding, each Transformer
-// block, the output layer). This folder knows no model by name: sharding/ sits above models/ and
-// includes nothing of it (common/kit/README.md, the folders' order).
+// Any model that is a chain of units can be sharded: give the model and a list of ShardedUnit (a
+// name, the unit's forward, Tensor -> Tensor, and the parameters it reads; or a module holder and a
+// forward) in the order forward runs them, or a model that lists its own units (a units() method
+// whose elements have a `module` and a `run`, as TransformerLM::units(): the embedding, each
+// Transformer block, the output layer). Every trainable parameter of the model must be in exactly
+// one unit, and a unit may read only the model's parameters: anything else is one error line
+// ending with the line that wrote the options (ZeroOptions::site), before anything is changed.
+// (That is why every constructor takes the model: a list alone cannot show a parameter it left
+// out.) This folder knows no model by name: sharding/ sits above models/ and includes nothing of
+// it (common/kit/README.md, the folders' order).
+// At construction every rank takes rank 0's weights, as DDP does: the trainable ones, before it
+// keeps its shard of them, and the model's frozen parameters (requires_grad false) and buffers,
+// which stay whole on every rank. AdamW's options are checked as ZeroOptimizer checks them
+// (kit/sharding/zero.h: amsgrad is refused); set_lr() changes the rate between steps.
 // Each unit's trainable parameters get a flat layout of their own (kit/sharding/sharding.h), and
 // rank r keeps only its shard of each: of the weights, of the gradients, of AdamW's moments, 16 P /
 // N bytes in all. The model's own parameter tensors are left empty (0 elements) between uses.
@@ -58,6 +67,13 @@
 // 3 (N-1)/N x 4P bytes sent per rank in a ring, against DDP's 2 (N-1)/N x 4P: 1.5x. On one rank
 // no collective is made: the shard is the whole unit, the gathers are copies and the flat
 // gradient is the shard's (Gloo's collectives would each stage one more unit-sized buffer).
+//
+// The whole model on disk (kit::save0(sharded, path), below): FSDP's full state dict with
+// rank0_only and offload_to_cpu. Every rank takes part; each unit is gathered in turn, rank 0
+// copies its weights to the CPU, and the unit is freed again: on its device no rank holds more
+// than one unit's full weights, as in forward; rank 0 holds the whole model in host memory until
+// it has written the file save0 writes for the unsharded model (Module::save's layout, the same
+// names), which torch::load reads into a fresh model.
 //
 // Differences from PyTorch's FSDP2 (fully_shard): no prefetch of the next unit's gather (one
 // unit's weights alive at a time, and the collectives are not overlapped with compute); the
@@ -129,19 +145,6 @@ std::vector<ShardedUnit> sharded_units(const std::vector<U>& units) {
   return out;
 }
 
-// Every trainable parameter of a model in exactly one of `units` (a parameter outside every unit
-// would be neither gathered nor trained); std::invalid_argument, one line, otherwise.
-void check_units_cover(const std::vector<torch::Tensor>& model_params,
-                       const std::vector<ShardedUnit>& units);
-
-// A chain model's own units(), checked to cover the model.
-template <ChainModel M>
-std::vector<ShardedUnit> sharded_units(const torch::nn::ModuleHolder<M>& model) {
-  auto units = sharded_units(model.ptr()->units());  // ptr(): a non-const model, units() is not const
-  check_units_cover(model->parameters(), units);
-  return units;
-}
-
 struct FullyShardedOptions {
   // false (default): keep what autograd saves in each unit's forward; true: keep only each
   // unit's input and run its forward again in backward (see the top of this file).
@@ -152,20 +155,26 @@ class FullyShardedModel {
  public:
   struct Unit;  // one unit's layout, shard, gradient and AdamW state (zero3.cpp)
 
-  // A chain model (TransformerLM) as its units(); every parameter must be in one (checked).
+  // `model` cut into any chain of units, run in this order by forward(). An empty list, a unit
+  // without a forward, a parameter in two units or in none, a unit's parameter that is not the
+  // model's: each refused (std::invalid_argument, one line) before anything is changed.
+  template <typename M>
+  FullyShardedModel(const torch::nn::ModuleHolder<M>& model, std::vector<ShardedUnit> units,
+                    ZeroOptions options, FullyShardedOptions sharding = {})
+      : FullyShardedModel(std::static_pointer_cast<torch::nn::Module>(model.ptr()),
+                          std::move(units), options, sharding) {}
+  FullyShardedModel(std::shared_ptr<torch::nn::Module> model, std::vector<ShardedUnit> units,
+                    ZeroOptions options, FullyShardedOptions sharding = {});
+  // A chain model (TransformerLM) as its own units().
   template <ChainModel M>
   FullyShardedModel(const torch::nn::ModuleHolder<M>& model, ZeroOptions options,
                     FullyShardedOptions sharding = {})
-      : FullyShardedModel(sharded_units(model), options, sharding) {}
-  // A model's units() as they are (kept for callers of the earlier API).
-  template <ModelUnit U>
-  FullyShardedModel(const std::vector<U>& units, ZeroOptions options,
-                    FullyShardedOptions sharding = {})
-      : FullyShardedModel(sharded_units(units), options, sharding) {}
-  // Any chain of units, run in this order by forward(). A parameter in two units is refused
-  // (std::invalid_argument, one line), as is an empty list.
-  FullyShardedModel(std::vector<ShardedUnit> units, ZeroOptions options,
-                    FullyShardedOptions sharding = {});
+      : FullyShardedModel(model, sharded_units(model.ptr()->units()), options, sharding) {}
+  // The model and a list of units as a model lists them (TransformerLM::units(), or another cut).
+  template <typename M, ModelUnit U>
+  FullyShardedModel(const torch::nn::ModuleHolder<M>& model, const std::vector<U>& units,
+                    ZeroOptions options, FullyShardedOptions sharding = {})
+      : FullyShardedModel(model, sharded_units(units), options, sharding) {}
   ~FullyShardedModel();
   FullyShardedModel(const FullyShardedModel&) = delete;
   FullyShardedModel& operator=(const FullyShardedModel&) = delete;
@@ -178,6 +187,15 @@ class FullyShardedModel {
   // ZeroOptions::max_grad_norm, one all-reduce of a number for the global norm (kit/sharding/clip.h).
   void step();
   const torch::Tensor& grad_norm() const { return grad_norm_; }  // as ZeroOptimizer::grad_norm()
+  // The learning rate of the next step()s, for every unit (as ZeroOptimizer::set_lr).
+  void set_lr(double lr);
+  double lr() const { return lr_; }
+
+  // FSDP's full state dict (rank0_only, offload_to_cpu): every rank must call it. On rank 0, every
+  // parameter and buffer of the model under its name in named_parameters() / named_buffers(), as
+  // a CPU tensor of its own; the sharded ones gathered one unit at a time. Elsewhere: empty.
+  torch::OrderedDict<std::string, torch::Tensor> full_state_dict();
+  torch::nn::Module& module() const { return *model_; }
 
   HeldBytes held() const;
   int64_t numel() const;   // P: all units' parameters
@@ -188,6 +206,8 @@ class FullyShardedModel {
   // states, for sharded checkpoints.
   std::vector<torch::Tensor> shards() const;
   std::vector<ShardedAdamW*> adamw();
+  // Per unit of shards(): its trainable parameters' elements (its layout's numel(), no padding).
+  std::vector<int64_t> unit_numels() const;
 
   // For GatheredUnit (zero3.cpp): the unit's full weights into its parameters, and back to
   // nothing (the flat buffer's storage freed, the parameters empty).
@@ -202,6 +222,8 @@ class FullyShardedModel {
   };
   std::shared_ptr<ProcessGroup> keep_group_;
   ProcessGroup* group_;
+  std::shared_ptr<torch::nn::Module> model_;
+  double lr_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Link> chain_;
   std::unique_ptr<ParameterClaim> claim_;
@@ -210,5 +232,10 @@ class FullyShardedModel {
   double max_grad_norm_ = 0;  // 0: no clipping
   torch::Tensor grad_norm_;
 };
+
+// save0 for a sharded model (see the top of this file): every rank calls it; rank 0 writes the
+// model's full_state_dict() in the layout save0 writes for the model itself (atomically), and the
+// others wait until the file is complete. `site`: the caller's line, for the barrier's errors.
+void save0(FullyShardedModel& model, const std::string& path, CallSite site = {});
 
 }  // namespace kit

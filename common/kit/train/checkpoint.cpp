@@ -149,8 +149,9 @@ void Checkpoints::save(const torch::nn::Module* model, const torch::optim::Optim
   // Each rank: its own random-number state (dropout masks differ per rank).
   const std::string rng_file = "rng-rank" + std::to_string(rank) + ".bin";
   written[rng_file] = write_atomically(tmp + "/" + rng_file, rng_state_bytes(), "checkpoint");
-  // ... and its GPUs' (a CUDA build with GPUs: rank 0 lists the file of every rank if it has one).
-  const std::string cuda_rng = cuda_rng_bytes();
+  // ... and its own GPU's, not every visible GPU's (a CUDA build with GPUs: rank 0 lists the file
+  // of every rank if it has one).
+  const std::string cuda_rng = cuda_rng_bytes(compat::cuda_rng_state(compat::rank_cuda_index()));
   if (!cuda_rng.empty()) {
     const std::string cuda_file = "cuda-rng-rank" + std::to_string(rank) + ".bin";
     written[cuda_file] = write_atomically(tmp + "/" + cuda_file, cuda_rng, "checkpoint");
@@ -258,7 +259,7 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
   // read (the shared ones, every rank's small RNG files, its own shard), the configuration.
   // The first reason to refuse, "" if none (manifest.bad_file: which file, when one is bad).
   Manifest manifest;
-  std::vector<std::string> cuda_states;
+  std::string cuda_state;  // the rank's GPU's generator
   const std::string cuda_rng = "cuda-rng-rank" + std::to_string(get_rank()) + ".bin";
   bool has_cuda_rng = false;
   const std::string why = [&]() -> std::string {
@@ -272,7 +273,9 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     // This rank's GPU random state, when the checkpoint has one: checked here, restored last.
     const auto& ok = manifest.verified;
     has_cuda_rng = std::find(ok.begin(), ok.end(), cuda_rng) != ok.end();
-    if (has_cuda_rng) return parse_cuda_rng(read_file(path + "/" + cuda_rng), cuda_states);
+    if (has_cuda_rng)
+      return parse_cuda_rng(read_file(path + "/" + cuda_rng), compat::rank_cuda_index(),
+                            compat::cuda_device_count(), cuda_state);
     return "";
   }();
   // The ranks agree before any collective of the load (ZeRO's all-gather of the shards): a rank
@@ -329,7 +332,7 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));
   }
   set_rng_state_bytes(read_file(path + "/rng-rank" + std::to_string(get_rank()) + ".bin"));
-  if (has_cuda_rng) compat::set_cuda_rng_states(cuda_states);
+  if (has_cuda_rng) compat::set_cuda_rng_state(compat::rank_cuda_index(), cuda_state);
   observe::resume(name);
   print0("resuming from %s: epoch %ld, step %ld\n", path.c_str(), static_cast<long>(state.epoch + 1),
          static_cast<long>(state.global_step));

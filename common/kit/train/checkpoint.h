@@ -12,7 +12,9 @@
 // as if it had never stopped (same batches, same dropout masks, same losses).
 //
 // On disk: <out_dir>/checkpoints/step-<global step>/ with state.pt (rank 0), rng-rank<r>.bin
-// (each rank), under ZeRO zero/ with every rank's shard, and a MANIFEST with the size and
+// (each rank) and, on a GPU, cuda-rng-rank<r>.bin (the generator of the rank's own GPU, not of
+// every GPU it sees: a resume with another CUDA_VISIBLE_DEVICES finds it), under ZeRO zero/ with
+// every rank's shard, and a MANIFEST with the size and
 // checksum of every one of these files. A folder becomes visible under its final name only when
 // complete (written as .tmp, flushed, renamed), so a crash mid-save leaves the previous checkpoint
 // as the newest (the next save removes the leftover .tmp, whole). The last `keep` checkpoints are

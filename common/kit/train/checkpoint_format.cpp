@@ -193,32 +193,37 @@ void set_rng_state_bytes(const std::string& bytes) {
   gen.set_state(t);
 }
 
-std::string cuda_rng_bytes() {
-  auto states = compat::cuda_rng_states();
-  if (states.empty()) return "";
-  std::string out = "kit-cuda-rng 1 " + std::to_string(states.size()) + "\n";
-  for (auto& st : states) out += std::to_string(st.size()) + "\n" + st;
-  return out;
+std::string cuda_rng_bytes(const std::string& state) {
+  if (state.empty()) return "";
+  return "kit-cuda-rng 2\n" + std::to_string(state.size()) + "\n" + state;
 }
 
-std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states) {
+std::string parse_cuda_rng(const std::string& bytes, int index, int visible, std::string& state) {
+  const std::string damaged = "its CUDA random state is damaged";
   std::istringstream in(bytes);
   std::string magic;
   int version = 0;
-  size_t n = 0;
-  if (!(in >> magic >> version >> n) || magic != "kit-cuda-rng" || version != 1 || in.get() != '\n')
-    return "its CUDA random state is damaged";
-  states.assign(n, "");
+  size_t n = 1;  // version 2: the rank's GPU only
+  if (!(in >> magic >> version) || magic != "kit-cuda-rng" || (version != 1 && version != 2) ||
+      (version == 1 && !(in >> n)) || in.get() != '\n')
+    return damaged;
+  std::vector<std::string> states(n);
   for (auto& st : states) {
     size_t size = 0;
-    if (!(in >> size) || in.get() != '\n') return "its CUDA random state is damaged";
+    if (!(in >> size) || in.get() != '\n') return damaged;
     st.resize(size);
-    if (!in.read(st.data(), static_cast<std::streamsize>(size))) return "its CUDA random state is damaged";
+    if (!in.read(st.data(), static_cast<std::streamsize>(size))) return damaged;
   }
-  const size_t here = compat::cuda_rng_states().size();  // this process's GPUs
-  if (states.size() != here)
-    return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
-           std::to_string(here) + " (a bit-exact resume needs the same GPUs)";
+  if (version == 1) {  // every GPU the rank saw: which one was its own, only the same view tells
+    if (static_cast<int>(n) != visible || index < 0 || index >= visible)
+      return "holds the CUDA random state of " + std::to_string(n) + " GPU(s), and this rank sees " +
+             std::to_string(visible) + " (a bit-exact resume of a checkpoint of an earlier kit "
+             "needs the same GPUs)";
+    state = states[static_cast<size_t>(index)];
+    return "";
+  }
+  if (index < 0) return "holds the state of a GPU's random generator, and this rank has no GPU";
+  state = states[0];
   return "";
 }
 

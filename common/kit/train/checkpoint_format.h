@@ -1,4 +1,5 @@
-// kit/train/checkpoint_format.h — internal to kit/train/checkpoint*.cpp; nothing else includes it.
+// kit/train/checkpoint_format.h — internal to kit/train/checkpoint*.cpp; nothing else includes it
+// but the unit test of its formats (tests/unit).
 //
 // A checkpoint on disk, apart from when and why one is written or read (checkpoint.cpp: the
 // policy of saving, choosing, resuming and stopping): the names of its folders, its MANIFEST
@@ -36,10 +37,10 @@ void remove_tree(const std::string& path);
 std::string read_file(const std::string& path);
 // The MANIFEST of the checkpoint folder `dir` (written last, once every file is complete): its
 // magic line, the configuration's fingerprint, the number of ranks, and "file <name> <bytes>
-// <checksum>" (FNV-1a, FileSum) for state.pt, every rank's RNG files (its CUDA ones if
-// `cuda_rng`) and everything under zero/ (ZeRO's shards and their own manifest). `written`: the
-// sums this rank made as it wrote its files (by name in `dir`); the others are read back in
-// chunks of kFileChunk bytes.
+// <checksum>" (FNV-1a, FileSum) for state.pt, every rank's RNG files (its GPU's if `cuda_rng`)
+// and everything under zero/ (ZeRO's shards and their own manifest). `written`: the sums this
+// rank made as it wrote its files (by name in `dir`); the others are read back in chunks of
+// kFileChunk bytes.
 std::string manifest_text(const std::string& dir, const std::string& fingerprint, int world,
                           bool cuda_rng, const std::map<std::string, FileSum>& written);
 
@@ -61,12 +62,16 @@ Manifest verify_manifest(const std::string& checkpoint_dir, int rank);
 
 std::string rng_state_bytes();  // the CPU generator's state
 void set_rng_state_bytes(const std::string& bytes);
-// The CUDA generators of this process's GPUs (dropout on a GPU draws from them, not from the CPU
-// generator): "kit-cuda-rng 1 <n>\n", then per GPU "<bytes>\n" and the bytes. "" without GPUs.
-std::string cuda_rng_bytes();
-// Reads cuda_rng_bytes() into `states`; the reason in words when they do not fit this process
-// (another number of GPUs), else "".
-std::string parse_cuda_rng(const std::string& bytes, std::vector<std::string>& states);
+// The CUDA generator of the rank's own GPU (compat::rank_cuda_index(); dropout on a GPU draws from
+// it, not from the CPU generator), whose state is `state`: "kit-cuda-rng 2\n<size>\n" and the
+// state's bytes. Only the rank's GPU, not every visible one: a resume that sees the GPUs otherwise
+// (another CUDA_VISIBLE_DEVICES or --gpu-bind, on another node) restores it into its own GPU.
+std::string cuda_rng_bytes(const std::string& state);
+// Reads cuda_rng_bytes() back into `state`; the reason in words when it cannot be used, else "".
+// A file of an earlier kit ("kit-cuda-rng 1 <n>\n", then per GPU "<size>\n" and its bytes) holds
+// every GPU the rank saw: usable only where the rank sees as many (`visible`), and then the
+// state of GPU `index`, the rank's, is taken.
+std::string parse_cuda_rng(const std::string& bytes, int index, int visible, std::string& state);
 
 // --- The model ---
 

@@ -99,7 +99,7 @@ PLACES = {"init": ("kit::TransformerLM model(", "the line that creates the model
           "update": ("optimizer.emplace(", "the line that creates the optimizer"),
           "checkpoint": ("trainer.save(", "the checkpoints' save"),
           "final": ("evaluate(model, test_loader", "the final evaluation"),
-          "saved": ('kit::save0(model, args.out_dir + "/model-final.pt")', "the final model's save")}
+          "saved": ('save_model(args.out_dir + "/model-final.pt")', "the final model's save")}
 
 
 def data_key():
@@ -348,16 +348,22 @@ def local_rank_wrong(check, units):
 
 
 def saved_wrong(run, name, units):
-    """Why a model file that `run` saved (model-best.pt, model-final.pt) cannot hold the model's
-    weights (fewer bytes than its 4P of fp32 weights: under ZeRO-3 the model's own tensors are
-    empty): (the file, why), or (None, "")."""
+    """Why the model files of `run`, a run that finished, are not the whole model: no
+    model-final.pt (every stage writes it; under ZeRO-3 kit::save0 gathers the sharded model to
+    rank 0), or a file (model-best.pt, model-final.pt) with fewer bytes than the model's 4P of fp32
+    weights (save0 of the model itself under ZeRO-3, whose own tensors are empty): (the file,
+    why), or (None, "")."""
     need = 4 * sum(units)
+    if not os.path.isfile(os.path.join(run.out_dir, "model-final.pt")):
+        return "model-final.pt", (f"under {name} the run finished without model-final.pt: every "
+                                  "stage saves the whole model (under ZeRO-3 kit::save0 of the "
+                                  "sharded model gathers it to rank 0)")
     for f in ("model-best.pt", "model-final.pt"):
         path = os.path.join(run.out_dir, f)
         if os.path.isfile(path) and os.path.getsize(path) < need:
             return f, (f"under {name} {f} holds {os.path.getsize(path)} bytes, fewer than the "
                     f"{need} of the model's fp32 weights: its weights are empty (under ZeRO-3 "
-                    "no rank has the whole model; its checkpoint is the shards)")
+                    "no rank has the whole model: kit::save0 of the sharded model gathers it)")
     return None, ""
 
 

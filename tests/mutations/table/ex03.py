@@ -6,7 +6,7 @@ EXERCISE = "03-transformer-lm-zero"
 
 ZERO1 = "zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});"
 ZERO2 = "zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});"
-ZERO3 = "    sharded.emplace(model->units(), "
+ZERO3 = "    sharded.emplace(model, model->units(), "
 OPTIONS3 = "kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad}"
 HELD_LINE = '  std::printf("rank %d: %s holds'
 HELD_BLOCK = (
@@ -19,7 +19,7 @@ HELD_BLOCK = (
 SAVE = "    checkpoints.save_sharded(save_shard, s);\n"
 RESUME = "    return checkpoints.resume_sharded(load_shard, device, args.resume);\n"
 RESUMED = "  kit::TrainState state = trainer.resume();\n"
-FINAL = '    if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-final.pt");\n'
+FINAL = '    save_model(args.out_dir + "/model-final.pt");\n'
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
     ("held-rank0-only", "run", "1", "the bytes line printed by rank 0 only, as print0 would: "
@@ -37,7 +37,7 @@ MUTANTS = [
      []),
     ("zero3-one-unit", "run", "4", "ZeRO-3 with the whole model as its one unit: the bytes held "
      "between steps are the formula's, but every forward gathers the whole model",
-     [(ZERO3, "    sharded.emplace(std::vector<kit::TransformerLMImpl::Unit>{\n"
+     [(ZERO3, "    sharded.emplace(model, std::vector<kit::TransformerLMImpl::Unit>{\n"
               "        {model.ptr(), [&](const torch::Tensor& x) { return model->forward(x); }}}, ")],
      []),
     # Held bytes as the formula says, the losses DDP's: only the peak shows the copy.
@@ -99,10 +99,15 @@ MUTANTS += [
      "refuses, and the check names TODO 4's line, not zero3.cpp",
      [(OPTIONS3, OPTIONS3.replace(".stage = 3,", ".stage = 2,"))], []),
     # Outside the TODOs: every TODO passes, the closing row names the line.
-    ("final-save0-under-zero3", "diverges", "-", "the final model saved with save0 under ZeRO-3 "
-     "too: the model's own weights are empty there, the file holds none of them",
+    ("final-save0-under-zero3", "diverges", "-", "the final model saved with save0 of the model "
+     "under ZeRO-3 too, not of the sharded model: the model's own weights are empty there, the "
+     "file holds none of them",
      [(FINAL, '    kit::save0(model, args.out_dir + "/model-final.pt");\n')],
      ["model-final.pt", "empty"]),
+    ("final-not-saved-under-zero3", "diverges", "-", "no final model under ZeRO-3 (the solution "
+     "before kit::save0 took a sharded model): the run ends without model-final.pt",
+     [(FINAL, '    if (zero_stage < 3) kit::save0(model, args.out_dir + "/model-final.pt");\n')],
+     ["model-final.pt", "without"]),
     ("train-loss-sum", "diverges", "-", "the epoch's train loss all-reduced with SUM: the given "
      "DDP run already differs from the solution's; no ZeRO TODO is blamed for it",
      [("kit::all_reduce(mean, kit::ReduceOp::AVG);", "kit::all_reduce(mean, kit::ReduceOp::SUM);")],
