@@ -106,9 +106,6 @@ struct ZeroOptimizer::Overlap {
   std::vector<bool> ready;             // per parameter, in this backward
   std::vector<InFlight> in_flight;     // oldest first
   size_t next = 0;           // the next bucket to launch: in order, the same on every rank
-  bool in_backward = false;
-  bool accumulate = false;   // a second backward before step(): add to grad_pieces_
-  bool unused = false;       // grad_pieces_ hold averages step() has not used yet
   std::vector<compat::NodePtr> accumulators;
   std::vector<uintptr_t> keys;
 };
@@ -151,23 +148,23 @@ void ZeroOptimizer::before_grad(size_t i) {
   // A parameter used twice in one graph gets one gradient (autograd sums its uses first); a second
   // one is a second backward through it while this one runs (DDP's check, kit/ddp/ddp.cpp), and
   // its bucket may already be on the wire or freed: that gradient would be lost.
-  if (o.in_backward && o.ready[i])
+  if (grads_ == Grads::kReducing && o.ready[i])
     throw std::runtime_error("ZeroOptimizer (ZeRO-2): parameter '" + names_[i] + "' got its "
                              "gradient twice in one backward (reentrant activation checkpointing "
                              "or a second backward through it before this one ended); its bucket "
                              "may already be reduce-scattered: give each parameter one gradient "
                              "per backward");
-  if (!o.in_backward) {  // the first gradient of this backward
-    o.in_backward = true;
+  if (grads_ != Grads::kReducing) {  // the first gradient of this backward
+    // A second backward before step() adds to the averages of the first (kAveraged: the pieces
+    // stay, and launch_ready() adds into them); otherwise what grad_pieces_ hold is the last
+    // step's (kStepped) or nothing: made anew, piece by piece, as each bucket's average arrives
+    // (buffer(), launch_ready()), not all at the start of backward, when the activations peak.
+    if (grads_ != Grads::kAveraged) grad_pieces_.assign(layout_.buckets().size(), torch::Tensor());
+    grads_ = Grads::kReducing;
     o.next = 0;
     for (size_t b = 0; b < o.pending.size(); ++b)
       o.pending[b] = static_cast<int64_t>(layout_.buckets()[b].params.size());
     std::fill(o.ready.begin(), o.ready.end(), false);
-    o.accumulate = o.unused;  // else what grad_pieces_ hold is the last step's: made anew
-    o.unused = true;
-    // The averaged shard is made piece by piece, as each bucket's average arrives (buffer(),
-    // launch_ready()), not all at the start of backward, when the activations are at their peak.
-    if (!o.accumulate) grad_pieces_.assign(layout_.buckets().size(), torch::Tensor());
     // Every rank must contribute every bucket, even where a parameter got no gradient (zeros).
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
@@ -197,7 +194,7 @@ torch::Tensor& ZeroOptimizer::buffer(size_t b) {
 
 void ZeroOptimizer::mark_ready(size_t i) {
   Overlap& o = *overlap_;
-  if (!o.in_backward || o.ready[i]) return;
+  if (grads_ != Grads::kReducing || o.ready[i]) return;
   o.ready[i] = true;
   if (--o.pending[layout_.bucket_of(i)] > 0) return;
   // A bucket is full: the older of two travelling is waited for now, even where this one cannot
@@ -218,8 +215,8 @@ void ZeroOptimizer::launch_ready() {
     auto in = buffer(b);
     while (o.in_flight.size() >= kInFlight) complete_oldest();
     auto& mine = grad_pieces_[b];
-    torch::Tensor sum;
-    if (o.accumulate) sum = torch::empty_like(mine);
+    torch::Tensor sum;  // a second backward before step(): this average is added to the piece
+    if (mine.defined()) sum = torch::empty_like(mine);
     else mine = torch::empty({buckets[b].slice}, flat_params_.options());
     // The buffer is dropped once this is done: the collective may use it as its scratch.
     Work work = group_->reduce_scatter_scratch_async(sum.defined() ? sum : mine, in, ReduceOp::AVG);
@@ -250,11 +247,11 @@ void ZeroOptimizer::finish_backward() {
       o.ready[i] = true;
       --o.pending[layout_.bucket_of(i)];
     }
-  o.in_backward = false;
   launch_ready();
   while (!o.in_flight.empty()) complete_oldest();
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();  // one rank: views of the pieces
   for (auto& buf : o.buffers) buf = torch::Tensor();
+  grads_ = Grads::kAveraged;
 }
 
 ZeroOptimizer::ZeroOptimizer(const torch::nn::Module& model, ZeroOptions options)
@@ -305,6 +302,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 torch::Tensor& ZeroOptimizer::flat_grads() {
+  if (stage_ == 1) grads_ = Grads::kLocal;  // the first gradient of a backward, or step()
   if (!flat_grads_.defined()) {
     torch::NoGradGuard no_grad;
     flat_grads_ = torch::zeros({layout_.padded()}, flat_params_.options());
@@ -322,7 +320,7 @@ void ZeroOptimizer::drop_grads() {
 void ZeroOptimizer::zero_grad() {
   drop_grads();
   grad_pieces_.clear();
-  if (overlap_) overlap_->unused = false;
+  grads_ = Grads::kNone;
 }
 
 void ZeroOptimizer::step() {
@@ -332,10 +330,9 @@ void ZeroOptimizer::step() {
   //    gradient itself: the buffer is the shard, with no copy (so that ZeRO-1 holds no more than
   //    DDP there).
   std::vector<torch::Tensor> my_grad;  // per bucket: this rank's slice of it, averaged
-  if (stage_ == 2 && overlap_->unused) {
-    my_grad = grad_pieces_;  // reduce-scattered during backward
-    overlap_->unused = false;
-  } else {
+  if (grads_ == Grads::kAveraged) {
+    my_grad = grad_pieces_;  // stage 2: reduce-scattered during backward
+  } else {  // stage 1, or a step with no backward since the last one (zeros)
     torch::Tensor shard;
     if (group_->size() == 1) {
       shard = flat_grads();
@@ -351,6 +348,7 @@ void ZeroOptimizer::step() {
   if (stage_ == 2) {
     grad_pieces_ = my_grad;  // the only gradient kept; the full ones go before AdamW's temporaries
     drop_grads();
+    grads_ = Grads::kStepped;
   }
   // Stage 1 keeps every parameter's .grad as backward left it (this rank's own gradient, not
   // the average; on one rank, where they are the same, clipped as clip_grad_norm_ leaves it):

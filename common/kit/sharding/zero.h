@@ -150,6 +150,19 @@ class ZeroOptimizer {
   void finish_backward();       // autograd's callback: the rest, and wait for all
   void drop_grads();            // every .grad and the buffer under them
 
+  // Where this rank's gradient is between the calls: the one place the two stages' different
+  // rules are told apart (zero.cpp reads and sets it, nothing else does).
+  //   kNone      no gradient: constructed, or after zero_grad()
+  //   kLocal     stage 1: every .grad is this rank's own gradient, a view of flat_grads_, which
+  //              step() reduce-scatters (kept as backward left it until zero_grad())
+  //   kReducing  stage 2, inside a backward: buckets filling and travelling (Overlap)
+  //   kAveraged  stage 2, after it: grad_pieces_ hold the averaged shard; a second backward adds
+  //              to them, step() uses them
+  //   kStepped   stage 2, after step(): grad_pieces_ hold the shard step() used (counted by
+  //              held()); the next backward makes them anew
+  enum class Grads { kNone, kLocal, kReducing, kAveraged, kStepped };
+  Grads grads_ = Grads::kNone;
+
   std::shared_ptr<ProcessGroup> keep_group_;
   ProcessGroup* group_;
   int stage_;
