@@ -306,6 +306,8 @@ struct Config {
   kit::CpSplit split;
 };
 
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
 class ParallelLM : public ::testing::TestWithParam<Config> {};
 
 kit_bench::TpSetup setup_of(const Config& c) {
