@@ -25,6 +25,7 @@
 #include "kit/parallel/mesh.h"
 #include "kit/parallel/parallel_lm.h"
 #include "kit/parallel/random.h"
+#include "kit/train/memory.h"  // the cap: tp = 1 out of memory where tp = 4 fits
 #include "tp_runs.h"  // kit_bench::train_tp, train_reference (common/bench)
 
 namespace {
@@ -32,6 +33,7 @@ namespace {
 using kit_bench::on_ranks;
 
 constexpr double kTolerance = 1e-5;
+constexpr int64_t kCapOfTheLesson = 1 << 20;  // MemoryCap.Tp1RunsOutOfMemoryWhereTp4Fits
 
 // The smallest model with everything in it: 4 heads (tp up to 4), 2 blocks, no dropout.
 kit::TransformerLMOptions tiny(int64_t seq = 8) {
@@ -539,6 +541,77 @@ TEST(ParallelLMParts, BadShapesAreOneLineNamingTheCaller) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()), "ParallelTransformerLM: a sequence of 10 (5 on each of cp = 2 ranks) is "
                                      "longer than max_len 8 (parallel_test.cpp:" + std::to_string(line) + ")");
+  }
+}
+
+// --- Memory: the cap, as a GPU's ---------------------------------------------------------------
+
+// The cap off again whatever the test does (it is the process's).
+struct CapGuard {
+  ~CapGuard() { kit::memory::set_cap(0); }
+};
+
+TEST(MemoryCap, AnAllocationAboveTheCapIsAGPUsOutOfMemoryErrorNamingPeakAndCap) {
+  CapGuard off;
+  kit::memory::Account account;
+  kit::memory::Account::Charge charge(account);
+  auto kept = torch::empty({1024}, torch::kFloat);  // 4096 bytes live
+  kit::memory::set_cap(16384);
+  auto fits = torch::empty({2048}, torch::kFloat);  // 4096 + 8192 <= 16384
+  std::string what;
+  try {
+    auto too_much = torch::empty({4096}, torch::kFloat);  // 12288 + 16384 > 16384
+  } catch (const c10::OutOfMemoryError& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what.substr(0, what.find('\n')),
+            "kit: out of memory: tried to allocate 0.02 MiB with 0.01 MiB live (peak so far 0.01 MiB), "
+            "above the cap of 0.02 MiB (kit::memory::set_cap(16384))");
+  EXPECT_EQ(account.live(), 12288);  // nothing was allocated for the refused tensor
+  kit::memory::set_cap(0);
+  auto now_fits = torch::empty({4096}, torch::kFloat);
+  EXPECT_EQ(account.live(), 12288 + 16384);
+}
+
+TEST(MemoryCap, SizesAreBytesOrKMG) {
+  EXPECT_EQ(kit::memory::parse_bytes("1048576"), 1048576);
+  EXPECT_EQ(kit::memory::parse_bytes("512M"), 512ll << 20);
+  EXPECT_EQ(kit::memory::parse_bytes("1.5G"), 3ll << 29);
+  EXPECT_EQ(kit::memory::parse_bytes("64K"), 65536);
+  for (const char* bad : {"", "abc", "12X", "-1M", "1.5"}) EXPECT_THROW(kit::memory::parse_bytes(bad), std::invalid_argument) << bad;
+}
+
+// NERSC's lesson in numbers: a model whose training state does not fit one rank's memory at tp = 1
+// fits at tp = 4, where each rank holds a quarter of every block. The cap is between the two peaks
+// (measured: tp_report's figures in common/bench/README.md).
+TEST(MemoryCap, Tp1RunsOutOfMemoryWhereTp4Fits) {
+  CapGuard off;
+  kit_bench::TpSetup s;
+  s.model = tiny();
+  s.model.d_model = 64;
+  s.model.feedforward = 256;
+  s.steps = 1;
+  std::vector<std::string> errors;
+  // Uncapped first: the peaks on each side of the cap.
+  s.world = s.tp = 1;
+  const int64_t tp1 = kit_bench::train_tp(s, &errors)[0].peak;
+  s.world = s.tp = 4;
+  int64_t tp4 = 0;
+  for (auto& run : kit_bench::train_tp(s, &errors)) tp4 = std::max(tp4, run.peak);
+  std::printf("peak per rank: tp 1 %lld bytes, tp 4 %lld bytes; cap %lld\n", (long long)tp1,
+              (long long)tp4, (long long)kCapOfTheLesson);
+  EXPECT_GT(tp1, kCapOfTheLesson);
+  EXPECT_LT(tp4, kCapOfTheLesson);
+  kit::memory::set_cap(kCapOfTheLesson);
+  s.world = s.tp = 1;
+  kit_bench::train_tp(s, &errors);
+  EXPECT_NE(errors[0].find("kit: out of memory: tried to allocate"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("above the cap of"), std::string::npos) << errors[0];
+  s.world = s.tp = 4;
+  const auto runs = kit_bench::train_tp(s, &errors);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_LE(runs[r].peak, kCapOfTheLesson);
   }
 }
 
