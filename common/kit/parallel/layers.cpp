@@ -166,9 +166,11 @@ torch::Tensor ParallelAttentionImpl::forward(const torch::Tensor& x, const torch
   auto bias = torch::cat({b.narrow(0, 0, local), torch::zeros({local}, b.options()),
                           b.narrow(0, 2 * local, local)});
   auto qkv_out = qkv->forward_with_bias(x, bias).chunk(3, /*dim=*/-1);  // this rank's heads' q, k, v
-  // [batch, seq, heads x head_dim] -> [batch, heads, seq, head_dim]
+  // [batch, seq, heads x head_dim] -> [batch, heads, seq, head_dim], one copy each: what the
+  // products below keep for backward is then these three, whatever the number of heads (matmul
+  // would copy some layouts itself and keep views of others; tp_report counts them).
   auto per_head = [&](const torch::Tensor& t) {
-    return t.reshape({batch, seq, heads_, head_dim}).transpose(1, 2);
+    return t.reshape({batch, seq, heads_, head_dim}).transpose(1, 2).contiguous();
   };
   auto q = per_head(qkv_out[0] * (1 / std::sqrt(static_cast<double>(head_dim))));
   auto k = per_head(qkv_out[1]);
@@ -176,8 +178,8 @@ torch::Tensor ParallelAttentionImpl::forward(const torch::Tensor& x, const torch
   if (mesh_.cp_size() > 1) {
     // Every position's keys and values, in the cp ranks' order: one all-gather for both.
     auto kv = all_gather_along(torch::cat({k, v}, /*dim=*/-1), /*dim=*/2, mesh_.cp(), site_);
-    k = kv.narrow(-1, 0, head_dim);
-    v = kv.narrow(-1, head_dim, head_dim);
+    k = kv.narrow(-1, 0, head_dim).contiguous();
+    v = kv.narrow(-1, head_dim, head_dim).contiguous();
   }
   auto scores = torch::matmul(q, k.transpose(-2, -1)) + mask;
   // Dropout on this rank's heads: a parallel region, its own random numbers (random.h).
