@@ -81,8 +81,9 @@ int main(int argc, char** argv) {
   s.model.max_len = 32;
   s.global_batch = 8;
   s.steps = 2;
+  s.record = false;  // no copies of weights or gradients beside the run's own
   int64_t feedforward = 0, cap = 0;
-  std::string csv, runs_flag = "tp1,tp2,tp4,cp2";
+  std::string csv, runs_flag = "tp1,tp2,tp4,cp2", cap_flag;
   bool check = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
     if (a == "--cap") {
       try {
         cap = kit::memory::parse_bytes(v);
+        cap_flag = "--cap " + v;
       } catch (const std::invalid_argument& e) {
         return usage(std::string("--cap: ") + e.what());
       }
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(1);  // the ranks are threads already
   kit::memory::install();     // before any tensor is made, so that every one is counted
-  if (cap > 0) kit::memory::set_cap(cap);
+  if (cap > 0) kit::memory::set_cap(cap, cap_flag);
 
   std::FILE* out = nullptr;
   if (!csv.empty() && !(out = std::fopen(csv.c_str(), "w"))) return usage("cannot write " + csv);

@@ -153,9 +153,9 @@ int64_t parse_bytes(const std::string& text) {
   return static_cast<int64_t>(number * scale);
 }
 
-void set_cap(int64_t bytes) {
+void set_cap(int64_t bytes, const std::string& how) {
   install();
-  g_cap_text = "kit::memory::set_cap(" + std::to_string(bytes) + ")";
+  g_cap_text = how.empty() ? "kit::memory::set_cap(" + std::to_string(bytes) + ")" : how;
   g_cap.store(bytes < 0 ? 0 : bytes);
 }
 

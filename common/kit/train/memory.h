@@ -47,8 +47,9 @@ void install();
 bool installed();
 
 // The cap in bytes (0: none). set_cap() installs the allocator; it applies to every Account and
-// to the process from the next allocation on.
-void set_cap(int64_t bytes);
+// to the process from the next allocation on. `how`: what the error line says set it (a flag,
+// "--memory-cap 256M"); default "kit::memory::set_cap(<bytes>)".
+void set_cap(int64_t bytes, const std::string& how = "");
 int64_t cap();
 // "512M" -> 536870912: a whole number of bytes, or a number followed by K, M or G (powers of 1024).
 // std::invalid_argument (one line) for anything else.
