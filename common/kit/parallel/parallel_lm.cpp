@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include "kit/check/observe.h"  // model_to(), training_forward(): for the checker, as TransformerLM
 #include "kit/parallel/mesh.h"
 
 namespace kit {
@@ -123,11 +124,14 @@ ParallelTransformerLMImpl::ParallelTransformerLMImpl(const TransformerLMOptions&
 }
 
 void ParallelTransformerLMImpl::to(torch::Device device, bool non_blocking) {
+  observe::model_to(device);
   torch::nn::Module::to(device, non_blocking);
   *streams_ = RandomStreams(parallel_.seed, mesh_, device);  // the blocks hold a reference to it
 }
 
 torch::Tensor ParallelTransformerLMImpl::forward(const torch::Tensor& tokens) {
+  // The checker's record of this rank's weights (its shards) at each training forward.
+  if (is_training()) observe::training_forward(*this, ++training_forwards_);
   const int cp = mesh_.cp_size();
   const int64_t local = tokens.size(1), seq = local * cp;
   refuse_unless(seq <= options_.max_len,

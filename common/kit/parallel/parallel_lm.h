@@ -28,6 +28,10 @@
 // at a time: the default generator is the process's. The whole model never exists on one rank:
 // the embedding and the head, which are replicated anyway, and one encoder layer at a time.
 //
+// For the checker, as TransformerLM: each training forward records the fingerprint of this
+// rank's weights (kit/check/observe.h; with KIT_TRACE_WEIGHTS=1 the first one saves this rank's
+// shards), and to() records the device asked for.
+//
 // Dropout draws from RandomStreams (kit/parallel/random.h): the embedding's and the residual
 // stream's from the replicated stream, attention's and the MLP's hidden one from the parallel
 // stream. to(device) remakes both streams for the device's kind, from their seeds.
@@ -132,6 +136,7 @@ class ParallelTransformerLMImpl : public torch::nn::Module {
   CallSite site_;
   std::unique_ptr<RandomStreams> streams_;
   torch::Tensor positions_;  // sinusoidal, [max_len, d_model], as TransformerLM's
+  int64_t training_forwards_ = 0;
   struct Origin {
     std::string full_name;
     int64_t dim = 0;
