@@ -8,12 +8,14 @@
 // or the ranks' copies part: the next row-parallel linear would add up slices of different
 // activations, and the replicated weights (norms, embedding) would get different gradients on
 // different tp ranks and drift apart, silently. Dropout in a parallel region must drop independent
-// elements on each rank: with one stream, head h of rank 0 and head h of rank 1 would lose the same
-// positions at every step, a correlation that the tp = 1 model does not have. So:
+// elements on each rank: with one stream, each rank's first head (heads 0 and H/tp of the model)
+// would lose the same positions at every step, a correlation that the tp = 1 model does not
+// have. So:
 //   replicated()  seeded alike on the ranks of one tp group: seed + 1 + the rank's index in its
 //                 dp x cp group (other data, other positions: other masks);
 //   parallel()    seeded differently on every rank: seed + 2718 + the world rank (Megatron's
-//                 offset for its model-parallel stream).
+//                 offset for its model-parallel stream; Megatron adds the tp rank, and the world
+//                 rank here also gives other dp and cp ranks other masks).
 // kit::setup() seeds the default generator with seed + rank, which differs between tp ranks:
 // neither stream can be the default one.
 //
