@@ -27,7 +27,9 @@
 // the order of float additions in the row layers' sums. load_full() copies this rank's slice of other
 // full weights in (a checkpoint of the tp = 1 model); full_weight() and full_bias() gather them
 // back (collective over tp). `site` (the line where the trainer made the layer) is named in the
-// trace of every collective the layer makes, in forward and in backward, and in its errors.
+// trace of every collective the layer makes, in forward and in backward, and in its errors. A
+// layer keeps a reference to its group (and ParallelAttention to the mesh and the streams): they
+// must outlive it.
 #pragma once
 
 #include <cstddef>

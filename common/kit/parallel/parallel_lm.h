@@ -36,6 +36,8 @@
 // stream's from the replicated stream, attention's and the MLP's hidden one from the parallel
 // stream. to(device) remakes both streams for the device's kind, from their seeds.
 //
+// The model keeps a reference to the mesh (and its layers to its groups): the Mesh must outlive it.
+//
 // Refused (std::invalid_argument, one line naming the line that made the model): heads, d_model
 // or feedforward not divisible by tp; at forward, a sequence (seq / cp x cp) longer than max_len,
 // and cp_shard's and cp_positions' refusals (seq not divisible by cp, or by 2 cp for zigzag).
