@@ -9,8 +9,9 @@ CPU) trains the same model from the same weights on the same batches.
      after the first backward, each rank's shard of every gradient and where that shard sits in
      the tp = 1 tensor;
   2. this script, on N ranks of its own (ddprun again, torch.distributed on Gloo), builds the model
-     in Python with q, k and v as separate nn.Linear layers (torch's MultiheadAttention keeps them
-     in one matrix, which ColwiseParallel cannot split by heads), loads those weights, and lets
+     in Python with q, k and v as separate nn.Linear layers (ColwiseParallel takes only nn.Linear
+     and nn.Embedding: on nn.MultiheadAttention, torch 2.13 raises NotImplementedError; and a row
+     split of its packed [3 d, d] matrix would not follow the heads), loads those weights, and lets
      parallelize_module split every block: q, k, v and linear1 ColwiseParallel, the attention's
      output projection and linear2 RowwiseParallel; embedding, norms and head stay whole, as in
      the kit. Each rank computes its heads' attention on local tensors. AdamW (foreach=False, the
