@@ -51,6 +51,11 @@ FOLDERS = {
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
                 "sharded AdamW, clipping a sharded gradient",
+    "parallel": "tensor and context parallelism, Megatron-style: the dp x cp x tp `Mesh` and its "
+                "groups, the autograd operators that communicate (`copy_to`, `reduce_from`, ...), "
+                "the column- and row-parallel layers, attention with its heads split over tp and "
+                "its keys and values gathered over cp, the parallel Transformer LM, dropout's two "
+                "random streams",
     "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
              "scaling study's summary, checkpoints (sharded ones too), memory counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
@@ -59,7 +64,10 @@ FOLDERS = {
 
 # The order of the parts: a folder includes only folders of a lower layer (and its own). Peers on
 # one layer (data, models) include neither the other.
-LAYERS = {"runtime": 0, "data": 1, "models": 1, "ddp": 2, "sharding": 3, "train": 4}
+# parallel/ sits beside sharding/ (peers: neither includes the other): both split the training
+# over ranks, above ddp/ (whose DDP runs on a mesh's dp group) and below train/.
+LAYERS = {"runtime": 0, "data": 1, "models": 1, "ddp": 2, "sharding": 3, "parallel": 3,
+          "train": 4}
 SEAM = "check/observe.h"          # includable from every folder
 SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's types
 

@@ -327,6 +327,10 @@ TrainState Checkpoints::resume(torch::nn::Module* model, torch::optim::Optimizer
     } else {
       (*load_shard)(path + "/zero");
     }
+  } catch (const c10::OutOfMemoryError&) {
+    // Not the checkpoint's fault (kit/train/memory.h's cap, a GPU's memory): it stays as it is, for
+    // a run that fits, and the line says out of memory, not "move it away".
+    throw;
   } catch (const std::exception& e) {
     std::string what = e.what();
     refuse("does not fit this model: " + what.substr(0, what.find('\n')));

@@ -2,14 +2,19 @@
 #include "kit/train/memory.h"
 
 #include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>  // c10::OutOfMemoryError
 
 #include "kit/compat.h"  // KIT_ALLOCATE_CONST, KIT_ALLOCATOR_HAS_COPY_DATA (note 9)
 
@@ -62,12 +67,40 @@ void release(void* data) {
   c10::free_cpu(base);
 }
 
+std::atomic<int64_t> g_cap{0};  // 0: no cap
+std::string g_cap_text;          // how it was set, for the message ("KIT_MEMORY_CAP=256M")
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+std::atomic<int64_t> g_accounts{0};  // Accounts alive: ranks that are threads
+
+// What a GPU's allocator does when the GPU is full: refuse, with the numbers, before allocating.
+// `scope`: the Account charged, null for the process. While Accounts exist (ranks as threads),
+// each is capped on its own, and what no Account pays for (Gloo's threads) is not capped: the
+// process's total is then several ranks' memory, not one GPU's.
+void check_cap(int64_t bytes, const Counter* scope) {
+  const int64_t limit = g_cap.load(std::memory_order_relaxed);
+  if (limit <= 0 || (scope == nullptr && g_accounts.load() > 0)) return;
+  const Counter& counter = scope ? *scope : process();
+  const int64_t live = counter.live.load();
+  if (live + bytes <= limit) return;
+  C10_THROW_ERROR(OutOfMemoryError,
+                  "kit: out of memory: tried to allocate " + mib(bytes) + " with " + mib(live) +
+                      " live (peak so far " + mib(counter.peak.load()) + "), above the cap of " +
+                      mib(limit) + " (" + g_cap_text + ")");
+}
+
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) KIT_ALLOCATE_CONST override {
-    void* base = c10::alloc_cpu(n + kHeader);
     const auto bytes = static_cast<int64_t>(n);
     Counter* scope = t_scope;
+    check_cap(bytes, scope);
+    void* base = c10::alloc_cpu(n + kHeader);
     new (base) Header{bytes, scope};
     if (scope) {
       scope->refs.fetch_add(1);
@@ -106,6 +139,46 @@ void install() {
 
 bool installed() { return c10::GetCPUAllocator() == &g_counting; }
 
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double number = -1;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : -1;
+  if (number < 0 || scale < 0 || !std::isfinite(number) || (unit.empty() && number != std::floor(number)))
+    throw std::invalid_argument("'" + text + "' is not a size in bytes (e.g. 1048576, 512M, 1.5G)");
+  return static_cast<int64_t>(number * scale);
+}
+
+void set_cap(int64_t bytes, const std::string& how) {
+  install();
+  g_cap_text = how.empty() ? "kit::memory::set_cap(" + std::to_string(bytes) + ")" : how;
+  g_cap.store(bytes < 0 ? 0 : bytes);
+}
+
+int64_t cap() { return g_cap.load(); }
+
+namespace {
+// KIT_MEMORY_CAP, read when the library is loaded (before main): any trainer honours it.
+const bool g_cap_from_env = [] {
+  const char* text = std::getenv("KIT_MEMORY_CAP");
+  if (text == nullptr || *text == '\0') return false;
+  try {
+    const int64_t bytes = parse_bytes(text);
+    install();
+    g_cap_text = std::string("KIT_MEMORY_CAP=") + text;
+    g_cap.store(bytes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kit: KIT_MEMORY_CAP: %s\n", e.what());
+    std::exit(2);
+  }
+  return true;
+}();
+}  // namespace
+
 int64_t live_bytes() { return current().live.load(); }
 int64_t peak_live_bytes() { return current().peak.load(); }
 void reset_peak() {
@@ -131,8 +204,14 @@ void credit_heap(Counter* account, int64_t bytes) {
   }
 }
 
-Account::Account() : counter_(new Counter) { install(); }
-Account::~Account() { counter_->release(); }
+Account::Account() : counter_(new Counter) {
+  install();
+  g_accounts.fetch_add(1);
+}
+Account::~Account() {
+  g_accounts.fetch_sub(1);
+  counter_->release();
+}
 int64_t Account::live() const { return counter_->live.load(); }
 int64_t Account::peak() const { return counter_->peak.load(); }
 void Account::reset_peak() { counter_->peak.store(counter_->live.load()); }

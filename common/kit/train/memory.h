@@ -20,15 +20,40 @@
 // Ranks that are threads of one process (kit::ProcessGroup::local_groups) each get an Account:
 // the storage a thread makes while it is charging an Account (Account::Charge) is counted there as
 // well, wherever it is freed, so that each rank gets its own peak. Without one: the process's.
+//
+// A cap, as a GPU's memory is one: with KIT_MEMORY_CAP=<bytes> (512M, 1.5G, 1048576; K, M, G are
+// powers of 1024) or set_cap(), an allocation that would take the live bytes (the Account's, else
+// the process's) above the cap throws c10::OutOfMemoryError, the type PyTorch's CUDA allocator
+// throws when the GPU is full, whose first line names the request, the live bytes, the peak so far
+// and the cap:
+//   kit: out of memory: tried to allocate 64.00 MiB with 200.00 MiB live (peak so far 230.00 MiB),
+//   above the cap of 256.00 MiB (KIT_MEMORY_CAP=256M)
+// A trainer ends with that line (kit/runtime/process.h: exit 1); a checkpoint is written whole or
+// not at all (kit/runtime/files.h), so the last one stays and resumes. KIT_MEMORY_CAP installs the
+// allocator when the kit's library is loaded, so any trainer honours it, from its first tensor
+// (a value that is not a size is one line and exit 2 then). It caps CPU tensors only: on a GPU,
+// the GPU's own memory is the cap. No allocation is refused while no cap is set. Ranks that are
+// threads: each Account is capped on its own, and while any Account exists, what no Account pays
+// for (Gloo's own threads) is not capped.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kit::memory {
 
 // Installs the counting allocator (idempotent, thread-safe). Every function below calls it.
 void install();
 bool installed();
+
+// The cap in bytes (0: none). set_cap() installs the allocator; it applies to every Account and
+// to the process from the next allocation on. `how`: what the error line says set it (a flag,
+// "--memory-cap 256M"); default "kit::memory::set_cap(<bytes>)".
+void set_cap(int64_t bytes, const std::string& how = "");
+int64_t cap();
+// "512M" -> 536870912: a whole number of bytes, or a number followed by K, M or G (powers of 1024).
+// std::invalid_argument (one line) for anything else.
+int64_t parse_bytes(const std::string& text);
 
 int64_t live_bytes();       // the Account this thread charges, else the whole process
 int64_t peak_live_bytes();  // the highest live_bytes() since the last reset_peak()

@@ -1,0 +1,195 @@
+// kit/parallel/mesh.cpp — the grid and its groups (see mesh.h).
+#include "kit/parallel/mesh.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "kit/runtime/env.h"  // read_rank_env: ranks per node
+
+namespace kit {
+namespace {
+
+// The directions of the grid. Exercise 05 adds "pp" here, and its size in MeshOptions.
+const std::vector<std::string> kDims = {"tp", "cp", "dp"};
+// The groups every rank makes, in this order (every rank must make the same ones in the same
+// order: kit::new_group). NERSC's comm.py makes the same set.
+const std::vector<std::string> kGroups = {"tp", "cp", "dp", "tp-cp", "dp-cp"};
+
+std::vector<std::string> split_dims(const std::string& dims) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t dash = dims.find('-', at);
+    out.push_back(dims.substr(at, dash == std::string::npos ? std::string::npos : dash - at));
+    if (dash == std::string::npos) return out;
+    at = dash + 1;
+  }
+}
+
+// "dp-cp" and "cp-dp" name one group: the names sorted.
+std::string canonical(const std::string& dims) {
+  auto names = split_dims(dims);
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (auto& n : names) out += (out.empty() ? "" : "-") + n;
+  return out;
+}
+
+std::string joined(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+MeshLayout::MeshLayout(std::vector<std::string> dims, std::vector<int> sizes, int world_size)
+    : dims_(std::move(dims)), sizes_(std::move(sizes)), world_(world_size) {
+  if (dims_.size() != sizes_.size())
+    throw std::invalid_argument("kit::MeshLayout: " + std::to_string(dims_.size()) +
+                                " directions but " + std::to_string(sizes_.size()) + " sizes");
+  int product = 1;
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    if (sizes_[i] < 1)
+      throw std::invalid_argument("kit::MeshLayout: " + dims_[i] + " = " +
+                                  std::to_string(sizes_[i]) + ", but each size must be at least 1");
+    strides_.push_back(product);
+    product *= sizes_[i];
+  }
+  if (product != world_)
+    throw std::invalid_argument("kit::MeshLayout: the sizes multiply to " + std::to_string(product) +
+                                ", not the world size " + std::to_string(world_));
+}
+
+MeshLayout MeshLayout::make(int world_size, int tp, int cp, const std::string& order) {
+  const std::string flags = "(tp " + std::to_string(tp) + ", cp " + std::to_string(cp) + ")";
+  if (tp < 1 || cp < 1)
+    throw std::invalid_argument("tp and cp must be at least 1 " + flags);
+  if (world_size % (tp * cp) != 0)
+    throw std::invalid_argument("tp x cp = " + std::to_string(tp * cp) + " does not divide the " +
+                                std::to_string(world_size) + " ranks " + flags +
+                                ": the world must be dp x cp x tp ranks");
+  std::map<std::string, int> size_of = {{"tp", tp}, {"cp", cp}, {"dp", world_size / (tp * cp)}};
+  auto names = split_dims(order);
+  std::set<std::string> seen;
+  for (auto& n : names)
+    if (!size_of.count(n) || !seen.insert(n).second) {
+      seen.clear();
+      break;
+    }
+  if (seen.size() != kDims.size())
+    throw std::invalid_argument("order '" + order + "' must name tp, cp and dp once each, joined "
+                                "by '-', fastest-varying first (e.g. tp-cp-dp)");
+  std::vector<int> sizes;
+  for (auto& n : names) sizes.push_back(size_of[n]);
+  return MeshLayout(names, sizes, world_size);
+}
+
+int MeshLayout::index(const std::string& dim) const {
+  for (size_t i = 0; i < dims_.size(); ++i)
+    if (dims_[i] == dim) return static_cast<int>(i);
+  throw std::invalid_argument("kit::MeshLayout: no direction '" + dim + "' in " + order());
+}
+
+int MeshLayout::size(const std::string& dim) const { return sizes_[index(dim)]; }
+
+int MeshLayout::coord(int rank, const std::string& dim) const {
+  const int i = index(dim);
+  return rank / strides_[i] % sizes_[i];
+}
+
+int MeshLayout::rank_at(const std::vector<int>& coords) const {
+  int rank = 0;
+  for (size_t i = 0; i < dims_.size(); ++i) rank += coords.at(i) * strides_[i];
+  return rank;
+}
+
+std::vector<std::vector<int>> MeshLayout::groups(const std::string& dims) const {
+  std::vector<bool> along(dims_.size(), false);
+  for (auto& d : split_dims(dims)) along[index(d)] = true;
+  // Ranks whose coordinates off `dims` agree share a group; by construction each list is sorted,
+  // and the groups come in the order of their smallest rank.
+  std::map<std::vector<int>, size_t> which;
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world_; ++r) {
+    std::vector<int> key;
+    for (size_t i = 0; i < dims_.size(); ++i)
+      if (!along[i]) key.push_back(r / strides_[i] % sizes_[i]);
+    auto [at, fresh] = which.emplace(key, out.size());
+    if (fresh) out.emplace_back();
+    out[at->second].push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> MeshLayout::group_of(int rank, const std::string& dims) const {
+  for (auto& g : groups(dims))
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return g;
+  throw std::invalid_argument("kit::MeshLayout: rank " + std::to_string(rank) + " is not in the world of " +
+                              std::to_string(world_));
+}
+
+std::string MeshLayout::order() const {
+  std::string s;
+  for (auto& d : dims_) s += (s.empty() ? "" : "-") + d;
+  return s;
+}
+
+std::string MeshLayout::tp_across_nodes(int ranks_per_node) const {
+  if (ranks_per_node < 1) return "";
+  for (auto& g : groups("tp")) {
+    const int first = g.front() / ranks_per_node, last = g.back() / ranks_per_node;
+    if (first != last)
+      return "the tp group " + joined(g) + " would span nodes " + std::to_string(first) + " and " +
+             std::to_string(last) + " (" + std::to_string(ranks_per_node) +
+             " ranks per node, placed in blocks): tensor parallelism all-reduces activations four "
+             "times per block and step and needs a node's own links; put tp first in the order "
+             "(tp-cp-dp) and use a tp that divides the ranks per node";
+  }
+  return "";
+}
+
+Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
+    : layout_({"tp"}, {1}, 1), rank_(0) {
+  const std::string call = "kit::Mesh (" + site.str() + ")";
+  auto world = group_or_world(world_ref.get(), "kit::Mesh", &site);
+  try {
+    layout_ = MeshLayout::make(world->size(), o.tp, o.cp, o.order);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(call + ": " + e.what());
+  }
+  rank_ = world->rank();
+  int per_node = o.ranks_per_node;
+  if (per_node == 0) {
+    const RankEnv env = read_rank_env();
+    per_node = env.launcher == "none" ? world->size() : env.local_world_size;
+  }
+  const std::string spans = layout_.tp_across_nodes(per_node);
+  if (!spans.empty()) throw std::invalid_argument(call + ": " + spans);
+  // Every rank makes every group, members or not, in one order (kit::new_group's rule).
+  for (const auto& dims : kGroups)
+    for (const auto& ranks : layout_.groups(dims)) {
+      auto g = world->new_group(ranks, site);
+      if (g->is_member()) groups_.emplace_back(canonical(dims), g);
+    }
+}
+
+ProcessGroup& Mesh::group(const std::string& dims) const {
+  const std::string key = canonical(dims);
+  for (auto& [name, g] : groups_)
+    if (name == key) return *g;
+  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp)");
+}
+
+std::string Mesh::describe() const {
+  auto one = [&](const char* d) {
+    return std::string(d) + " " + std::to_string(layout_.coord(rank_, d)) + " of " +
+           std::to_string(layout_.size(d));
+  };
+  return "rank " + std::to_string(rank_) + " of " + std::to_string(layout_.world_size()) + ": " +
+         one("tp") + ", " + one("cp") + ", " + one("dp") + " (order " + layout_.order() + ")";
+}
+
+}  // namespace kit
