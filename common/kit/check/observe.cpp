@@ -126,6 +126,11 @@ void ddp_rebuild(size_t buckets) {
 
 void ddp_no_sync() { trace::record("ddp_no_sync", ""); }
 
+void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                   const std::vector<torch::Tensor>& params) {
+  trace::record_gradients(step, names, params);
+}
+
 void step(int64_t epoch, int64_t step, const torch::Tensor& loss) {
   // %.9g: a float32 loss exactly, for the step-by-step comparison with the solution's run.
   char fields[96];

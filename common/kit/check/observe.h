@@ -56,6 +56,8 @@ void ddp_step(int64_t step, double waited_s);
 void ddp_buffers(size_t count);
 void ddp_rebuild(size_t buckets);
 void ddp_no_sync();
+void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                   const std::vector<torch::Tensor>& params);
 void step(int64_t epoch, int64_t step, const torch::Tensor& loss);
 void epoch_report(int64_t epoch, int64_t steps, double samples_per_s, const std::string& device,
                   const char* host);
@@ -157,6 +159,14 @@ inline void ddp_rebuild(size_t buckets) {  // the buckets rebuilt in arrival ord
 // was a temporary" by it.
 inline void ddp_no_sync() {
   if (on()) detail::ddp_no_sync();
+}
+
+// The gradients a backward left, averaged, by parameter name (the module's own names): with
+// KIT_TRACE_WEIGHTS=1 the first step's go to a file beside the trace (kit/check/model_trace.h), so
+// that the checker compares each rank's shard of a split model with the slice of tp = 1's.
+inline void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                          const std::vector<torch::Tensor>& params) {
+  if (on() && step == 1) detail::ddp_gradients(step, names, params);
 }
 
 // --- train: metrics and checkpoints (kit/train/) -----------------------------------------------

@@ -174,13 +174,21 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
       auto g = world->new_group(ranks, site);
       if (g->is_member()) groups_.emplace_back(canonical(dims), g);
     }
+  // Each rank alone: one group per rank, made by every rank in rank order (a non-member's call
+  // only counts it), so that "alone" is a group of one like the others, with its own name.
+  for (int r = 0; r < world->size(); ++r) {
+    auto g = world->new_group({r}, site);
+    if (g->is_member()) alone_ = g;
+  }
+  world_ = world;
 }
 
 ProcessGroup& Mesh::group(const std::string& dims) const {
   const std::string key = canonical(dims);
   for (auto& [name, g] : groups_)
     if (name == key) return *g;
-  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp)");
+  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp; "
+                              "alone() for this rank only)");
 }
 
 std::string Mesh::describe() const {
