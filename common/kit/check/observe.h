@@ -161,9 +161,10 @@ inline void ddp_no_sync() {
   if (on()) detail::ddp_no_sync();
 }
 
-// The gradients a backward left, averaged, by parameter name (the module's own names): with
-// KIT_TRACE_WEIGHTS=1 the first step's go to a file beside the trace (kit/check/model_trace.h), so
-// that the checker compares each rank's shard of a split model with the slice of tp = 1's.
+// A backward's gradients are averaged (DDP's parameters, by the module's own names): with
+// KIT_TRACE_WEIGHTS=1 the first one's weights and gradients go to a file beside the trace
+// (kit/check/model_trace.h), so that the checker compares each rank's shard of a split model
+// with the slice of tp = 1's.
 inline void ddp_gradients(int64_t step, const std::vector<std::string>& names,
                           const std::vector<torch::Tensor>& params) {
   if (on() && step == 1) detail::ddp_gradients(step, names, params);

@@ -144,32 +144,33 @@ ParallelAttentionImpl::ParallelAttentionImpl(const torch::nn::MultiheadAttention
           ColumnRow{ColumnParallelLinear(full->in_proj_weight, full->in_proj_bias, mesh.tp(),
                                          ColumnParallelOptions{.stacked = 3}, site),
                     RowParallelLinear(full->out_proj, mesh.tp(), RowParallelOptions{}, site)},
-          full->options.num_heads(), full->options.dropout(), mesh, streams, site) {}
+          full->options.num_heads(), full->options.dropout(), mesh, streams) {}
 
 ParallelAttentionImpl::ParallelAttentionImpl(ColumnRow layers, int64_t heads, double dropout,
-                                             const Mesh& mesh, RandomStreams& streams, CallSite site)
+                                             const Mesh& mesh, RandomStreams& streams)
     : mesh_(mesh), streams_(streams), dropout_(dropout), site_(layers.column->site()) {
   const int tp = layers.column->group().size();
+  const CallSite at = layers.column->site();  // a refusal names the trainer's line that split it
   refuse_unless(layers.column->options().stacked == 3 || tp == 1,  // whole, the blocks are whole too
                 "ParallelAttention: q, k and v's layer must be ColumnParallelOptions{.stacked = 3}, "
                 "so that each rank keeps its heads' rows of each of q, k and v (stacked = " +
                     std::to_string(layers.column->options().stacked) +
                     " keeps a block of in_proj_weight's rows: all of q and part of k on the first rank)",
-                site);
+                at);
   refuse_unless(!layers.column->options().gather_output,
                 "ParallelAttention: q, k and v's layer gathers its output; each rank computes its "
                 "own heads from its own slice",
-                site);
+                at);
   refuse_unless(layers.row->group().size() == tp,
                 "ParallelAttention: q, k and v are split over " + std::to_string(tp) +
                     " rank(s) but the output projection over " +
                     std::to_string(layers.row->group().size()) +
                     ": the row layer's columns must be the heads this rank computes",
-                site);
+                at);
   refuse_unless(heads % tp == 0,
                 "ParallelAttention: " + std::to_string(heads) + " heads do not split over tp = " +
                     std::to_string(tp) + " ranks",
-                site);
+                at);
   heads_ = heads / tp;
   qkv = register_module("qkv", std::move(layers.column));
   out = register_module("out", std::move(layers.row));
@@ -219,25 +220,25 @@ ParallelMLPImpl::ParallelMLPImpl(const torch::nn::Linear& l1, const torch::nn::L
                                  CallSite site)
     : ParallelMLPImpl(ColumnRow{ColumnParallelLinear(l1, tp, ColumnParallelOptions{}, site),
                                 RowParallelLinear(l2, tp, RowParallelOptions{}, site)},
-                      streams, dropout, site) {}
+                      streams, dropout) {}
 
-ParallelMLPImpl::ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout,
-                                 CallSite site)
+ParallelMLPImpl::ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout)
     : streams_(streams), dropout_(dropout) {
   const int tp = layers.column->group().size();
+  const CallSite at = layers.column->site();  // a refusal names the trainer's line that split it
   refuse_unless(!layers.column->options().gather_output,
                 "ParallelMLP: linear1 gathers its output; the row layer takes each rank's slice of "
                 "the hidden layer as it is (column -> row sends nothing between them)",
-                site);
+                at);
   refuse_unless(layers.row->options().input_is_parallel,
                 "ParallelMLP: linear2 scatters its input, but linear1's output is already this "
                 "rank's slice (RowParallelOptions{.input_is_parallel = true})",
-                site);
+                at);
   refuse_unless(layers.row->group().size() == tp,
                 "ParallelMLP: linear1 is split over " + std::to_string(tp) + " rank(s) but linear2 "
                     "over " + std::to_string(layers.row->group().size()) +
                     ": the column layer's slice of the hidden layer is the row layer's input",
-                site);
+                at);
   linear1 = register_module("linear1", std::move(layers.column));
   linear2 = register_module("linear2", std::move(layers.row));
 }

@@ -175,12 +175,13 @@ class ParallelAttentionImpl : public torch::nn::Module {
                         RandomStreams& streams, CallSite site = {});
   // From q, k and v's layer (ColumnParallelOptions{.stacked = 3}) and the output projection, as the
   // trainer split them: this rank computes heads / (the column layer's group size) heads, the
-  // heads whose rows of q, k and v it holds. Refused (one line naming `site`): a split column layer
+  // heads whose rows of q, k and v it holds. Refused (one line naming the trainer's line that made
+  // the column layer; its collectives over cp name that line too): a split column layer
   // that is not stacked = 3 (it would hold all of q and part of k, not its heads; a whole one holds
   // every row either way), or that gathers its output; the two layers split over groups of
   // different sizes; heads not divisible by the group's size.
   ParallelAttentionImpl(ColumnRow layers, int64_t heads, double dropout, const Mesh& mesh,
-                        RandomStreams& streams, CallSite site = {});
+                        RandomStreams& streams);
   // x [batch, seq / cp, d], replicated over tp; mask [seq / cp, seq]: added to the scores of this
   // rank's queries against every key in the cp group's order (-inf: not seen) -> [batch, seq / cp,
   // d], replicated over tp.
@@ -204,8 +205,8 @@ class ParallelAttention : public torch::nn::ModuleHolder<ParallelAttentionImpl> 
                     RandomStreams& streams, CallSite site = {})
       : ModuleHolder(std::make_shared<Impl>(full, mesh, streams, site)) {}
   ParallelAttention(ColumnRow layers, int64_t heads, double dropout, const Mesh& mesh,
-                    RandomStreams& streams, CallSite site = {})
-      : ModuleHolder(std::make_shared<Impl>(std::move(layers), heads, dropout, mesh, streams, site)) {}
+                    RandomStreams& streams)
+      : ModuleHolder(std::make_shared<Impl>(std::move(layers), heads, dropout, mesh, streams)) {}
 };
 
 // linear1 column-parallel, ReLU and dropout on this rank's hidden slice (the parallel stream;
@@ -214,10 +215,11 @@ class ParallelMLPImpl : public torch::nn::Module {
  public:
   ParallelMLPImpl(const torch::nn::Linear& linear1, const torch::nn::Linear& linear2,
                   ProcessGroup& tp, RandomStreams& streams, double dropout, CallSite site = {});
-  // From the two layers as the trainer split them. Refused (one line naming `site`): the two split
+  // From the two layers as the trainer split them. Refused (one line naming the trainer's line
+  // that made linear1): the two split
   // over groups of different sizes (the column layer's slice of the hidden layer is the row
   // layer's input), a column layer that gathers its output, a row layer that scatters its input.
-  ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout, CallSite site = {});
+  ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout);
   torch::Tensor forward(const torch::Tensor& x);  // [..., d] -> [..., d], replicated over tp
 
   ColumnParallelLinear linear1{nullptr};
@@ -233,8 +235,8 @@ class ParallelMLP : public torch::nn::ModuleHolder<ParallelMLPImpl> {
   ParallelMLP(const torch::nn::Linear& linear1, const torch::nn::Linear& linear2, ProcessGroup& tp,
               RandomStreams& streams, double dropout, CallSite site = {})
       : ModuleHolder(std::make_shared<Impl>(linear1, linear2, tp, streams, dropout, site)) {}
-  ParallelMLP(ColumnRow layers, RandomStreams& streams, double dropout, CallSite site = {})
-      : ModuleHolder(std::make_shared<Impl>(std::move(layers), streams, dropout, site)) {}
+  ParallelMLP(ColumnRow layers, RandomStreams& streams, double dropout)
+      : ModuleHolder(std::make_shared<Impl>(std::move(layers), streams, dropout)) {}
 };
 
 }  // namespace kit

@@ -47,10 +47,10 @@ ParallelBlockImpl::ParallelBlockImpl(const torch::nn::TransformerEncoderLayer& f
   attention = register_module(
       "attention", parallel.attention
                        ? ParallelAttention(parallel.attention(full->self_attn),
-                                           full->self_attn->options.num_heads(), p, mesh, streams, site)
+                                           full->self_attn->options.num_heads(), p, mesh, streams)
                        : ParallelAttention(full->self_attn, mesh, streams, site));
   mlp = register_module("mlp", parallel.mlp
-                                   ? ParallelMLP(parallel.mlp(full->linear1, full->linear2), streams, p, site)
+                                   ? ParallelMLP(parallel.mlp(full->linear1, full->linear2), streams, p)
                                    : ParallelMLP(full->linear1, full->linear2, mesh.tp(), streams, p, site));
   norm1 = register_module("norm1", torch::nn::LayerNorm(full->norm1->options));
   norm2 = register_module("norm2", torch::nn::LayerNorm(full->norm2->options));
@@ -144,7 +144,8 @@ torch::Tensor ParallelTransformerLMImpl::forward(const torch::Tensor& tokens) {
   refuse_unless(seq <= options_.max_len,
                 "ParallelTransformerLM: a sequence of " + std::to_string(seq) + " (" +
                     std::to_string(local) + " on each of cp = " + std::to_string(cp) +
-                    " ranks) is longer than max_len " + std::to_string(options_.max_len),
+                    " ranks) is longer than max_len " + std::to_string(options_.max_len) +
+                    (cp > 1 ? ": give the model this rank's part of each sequence (kit::cp_shard)" : ""),
                 site_);
   const auto device = positions_.device();
   // Where this rank's tokens sit in their sequences, and every key's position in the order the
