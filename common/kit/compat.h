@@ -34,6 +34,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -242,6 +243,41 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
   return 0;
 #endif
 }
+
+// 10. Host synchronisations on a GPU (kit/runtime/device_check.h: count_host_syncs()). CUDA's
+// sync debug mode (torch.cuda.set_sync_debug_mode("warn")) makes every synchronising call of
+// c10's (stream synchronisation, blocking copies, item()) warn "called a synchronizing CUDA
+// operation"; a c10::WarningHandler counts those warnings, and passes any other on to the handler
+// it replaced. c10 keeps one handler per thread: it is installed on the calling thread, which also
+// sees the warnings of the backward passes it runs (autograd replays them there when backward
+// ends). c10::cuda::warning_state() and c10::WarningHandler have this shape in every release the
+// kit supports; what differs is the build: a CPU build has no CUDA, and counts none.
+#if defined(KIT_HAVE_NCCL)
+struct SyncWarningCounter final : c10::WarningHandler {
+  c10::WarningHandler* next = nullptr;
+  std::atomic<int64_t> count{0};
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("called a synchronizing CUDA operation") != std::string::npos) ++count;
+    else if (next) next->process(warning);
+  }
+};
+inline SyncWarningCounter& sync_warning_counter() {
+  static SyncWarningCounter counter;
+  return counter;
+}
+inline void count_cuda_syncs() {
+  SyncWarningCounter& counter = sync_warning_counter();
+  if (c10::WarningUtils::get_warning_handler() != &counter) {
+    counter.next = c10::WarningUtils::get_warning_handler();
+    c10::WarningUtils::set_warning_handler(&counter);
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+}
+inline int64_t cuda_syncs() { return sync_warning_counter().count.load(); }
+#else
+inline void count_cuda_syncs() {}
+inline int64_t cuda_syncs() { return 0; }
+#endif
 
 }  // namespace kit::compat
 
