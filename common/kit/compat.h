@@ -235,6 +235,14 @@ inline std::unique_ptr<GpuEvent> record_gpu_event([[maybe_unused]] const c10::De
   return nullptr;
 #endif
 }
+// Whether the device has passed mark `e` (asks, never waits); true in a CPU build.
+inline bool gpu_event_done([[maybe_unused]] const GpuEvent& e) {
+#if defined(KIT_HAVE_NCCL)
+  return e.query();
+#else
+  return true;
+#endif
+}
 inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] const GpuEvent& b) {
 #if defined(KIT_HAVE_NCCL)
   b.synchronize();
