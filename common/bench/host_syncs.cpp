@@ -16,11 +16,12 @@
 // steps come only at the steps that poll, one poll per Checkpoints::kStopPollSteps steps.
 // Flags: --steps N (default 24), --d-model N, --layers N, --seq N, --batch N (per rank),
 // --clip-grad X (default 1; 0: off), --out-dir DIR (metrics.csv and checkpoints; default a
-// fresh folder under /tmp), --check. Bad flags: one line, exit 2.
+// fresh folder under /tmp, removed at the end), --check. Bad flags: one line, exit 2.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,8 @@
 #include "kit/runtime/distributed.h"      // setup, default_group
 #include "kit/train/args.h"               // parse_flags
 #include "kit/train/checkpoint.h"         // Checkpoints: the stop poll
+#include "kit/train/clip.h"               // clip_grad_norm_, the norm on the device
 #include "kit/train/metrics.h"            // Metrics: metrics.csv
-
-constexpr int64_t kPollEvery = 10;  // what the check expects
 
 int main(int argc, char** argv) {
   int64_t steps = 24, d_model = 32, layers = 1, seq = 16, batch = 4;
@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
                     {"--check", "exit 1 unless no step from step 2 on syncs inside, and only polling steps sync between", [&](auto) { check = true; }, true}});
   const kit::Setup me = kit::setup(1234);
   const torch::Device device = me.device;
-  if (out_dir.empty()) {
+  const bool own_dir = out_dir.empty();
+  if (own_dir) {
     // One folder for all ranks: rank 0 makes it and tells the others its name.
     std::string made;
     if (me.rank == 0) {
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
   auto ids = torch::randint(0, vocab, {steps * batch * me.world_size * (seq + 1)}, torch::kLong);
   kit::LanguageModelDataset data(ids, seq, "train");
   kit::DistributedSampler sampler(data, /*shuffle=*/true, 1234);
-  kit::DataLoader<kit::LanguageModelDataset> loader(data, static_cast<size_t>(batch), sampler);
+  kit::DataLoader<kit::LanguageModelDataset> loader(data, static_cast<size_t>(batch), sampler,
+                                                    kit::LoaderOptions{.pin_memory = true});
 
   kit::TransformerLMOptions options;
   options.vocab_size = vocab;
@@ -101,12 +103,13 @@ int main(int argc, char** argv) {
   int64_t step = 0;
   for (kit::Batch b : loader) {
     const int64_t s0 = kit::device_check::host_syncs();
-    auto input = b.input.to(device), target = b.target.to(device);
+    auto input = b.input.to(device, /*non_blocking=*/true);
+    auto target = b.target.to(device, /*non_blocking=*/true);
     const int64_t s1 = kit::device_check::host_syncs();
     optimizer.zero_grad();
     auto loss = kit::lm_loss(ddp.forward(input), target);
     loss.backward();
-    if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+    if (clip > 0) kit::clip_grad_norm_(model->parameters(), clip);
     optimizer.step();
     const int64_t s2 = kit::device_check::host_syncs();
     total += loss.detach();
@@ -128,7 +131,7 @@ int main(int argc, char** argv) {
     polls_all += poll;
     // What --check requires: nothing inside a step (after the first), nothing between steps but
     // at the steps that poll, and those poll once (on one rank there is nobody to ask).
-    const bool polling = step % kPollEvery == 0;
+    const bool polling = step % kit::Checkpoints::kStopPollSteps == 0;
     if ((step > 1 && inside != 0) || (!polling && between != 0) ||
         poll != (polling && me.world_size > 1 ? 1 : 0))
       ++bad;
@@ -142,12 +145,14 @@ int main(int argc, char** argv) {
               static_cast<long>(between_all), static_cast<double>(between_all) / static_cast<double>(step),
               static_cast<long>(polls_all));
   std::fflush(stdout);
+  kit::barrier();
+  if (own_dir && me.rank == 0) std::filesystem::remove_all(out_dir);
   kit::destroy_process_group();
   if (check && bad > 0) {
     std::fprintf(stderr, "host_syncs: rank %d: %ld of %ld steps break the rule (no sync inside a "
                  "step after the first; between steps only at a polling step, every %ld steps)\n",
                  me.rank, static_cast<long>(bad), static_cast<long>(step),
-                 static_cast<long>(kPollEvery));
+                 static_cast<long>(kit::Checkpoints::kStopPollSteps));
     return 1;
   }
   return 0;

@@ -51,8 +51,9 @@ FOLDERS = {
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
                 "sharded AdamW, clipping a sharded gradient",
-    "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
-             "scaling study's summary, checkpoints (sharded ones too), memory counting",
+    "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
+             "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
+             "counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }
