@@ -258,8 +258,9 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
 // operation"; a c10::WarningHandler counts those warnings, and passes any other on to the handler
 // it replaced. c10 keeps one handler per thread: it is installed on the calling thread, which also
 // sees the warnings of the backward passes it runs (autograd replays them there when backward
-// ends). c10::cuda::warning_state() and c10::WarningHandler have this shape in every release the
-// kit supports; what differs is the build: a CPU build has no CUDA, and counts none.
+// ends). Written against the headers of 2.13 (c10/cuda/CUDAFunctions.h, c10/util/Exception.h);
+// ./kit cuda-build compiles it against 2.14.1, no GPU has run it yet. A CPU build has no CUDA and
+// counts none here.
 #if defined(KIT_HAVE_NCCL)
 struct SyncWarningCounter final : c10::WarningHandler {
   c10::WarningHandler* next = nullptr;

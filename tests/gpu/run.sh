@@ -18,10 +18,11 @@
 #     alpha-beta fit (slides/tools/plot_collectives.py);
 #  6. counts the host synchronisations of a training step (common/bench/host_syncs.cpp: exercise
 #     01's loop under DDP, CUDA's sync debug mode) on 1 rank and, with two GPUs or more, on 2, and
-#     prints them. Expected (the same as on fakegpu in CI, ctest -R host_syncs): none inside a step
-#     from step 2 on; between steps, only at every 10th step: rank 0 reads its losses (1), and on
-#     2 ranks every rank polls the stop flag (2: the flag to the GPU and back), so 1 with one rank,
-#     3 on rank 0 and 2 on rank 1 with two. --check makes any other figure a failure.
+#     prints them. Expected, as on fakegpu in CI (ctest -R host_syncs), unless one of ATen's CUDA
+#     kernels synchronises: none inside a step from step 2 on; between steps, only at every 10th
+#     step: rank 0 reads its losses (1), and on 2 ranks every rank polls the stop flag (2: the flag
+#     to the GPU and back), so 1 with one rank, 3 on rank 0 and 2 on rank 1 with two. --check
+#     makes any other figure a failure.
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
