@@ -254,8 +254,9 @@ int main(int argc, char** argv) {
                          .nodes = kit::node_count(), .batch_per_rank = batch,
                          .global_batch = batch * world_size, .accum_steps = args.accum_steps,
                          .workers = args.workers, .steps = step,
-                         .step_time_s = metrics.step_timer().median_seconds(), .test_loss = test_loss,
-                         .test_acc = test_acc, .time_to_target_s = time_to_target,
+                         .step_time_s = metrics.step_timer().median_seconds(),
+                         .test_loss = test_loss, .test_acc = test_acc,
+                         .time_to_target_s = time_to_target,
                          .device = kit::device_model(device)});
   }
   //@ todo 12
