@@ -34,6 +34,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -234,6 +235,14 @@ inline std::unique_ptr<GpuEvent> record_gpu_event([[maybe_unused]] const c10::De
   return nullptr;
 #endif
 }
+// Whether the device has passed mark `e` (asks, never waits); true in a CPU build.
+inline bool gpu_event_done([[maybe_unused]] const GpuEvent& e) {
+#if defined(KIT_HAVE_NCCL)
+  return e.query();
+#else
+  return true;
+#endif
+}
 inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] const GpuEvent& b) {
 #if defined(KIT_HAVE_NCCL)
   b.synchronize();
@@ -242,6 +251,42 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
   return 0;
 #endif
 }
+
+// 10. Host synchronisations on a GPU (kit/runtime/device_check.h: count_host_syncs()). CUDA's
+// sync debug mode (torch.cuda.set_sync_debug_mode("warn")) makes every synchronising call of
+// c10's (stream synchronisation, blocking copies, item()) warn "called a synchronizing CUDA
+// operation"; a c10::WarningHandler counts those warnings, and passes any other on to the handler
+// it replaced. c10 keeps one handler per thread: it is installed on the calling thread, which also
+// sees the warnings of the backward passes it runs (autograd replays them there when backward
+// ends). Written against the headers of 2.13 (c10/cuda/CUDAFunctions.h, c10/util/Exception.h);
+// ./kit cuda-build compiles it against 2.14.1, no GPU has run it yet. A CPU build has no CUDA and
+// counts none here.
+#if defined(KIT_HAVE_NCCL)
+struct SyncWarningCounter final : c10::WarningHandler {
+  c10::WarningHandler* next = nullptr;
+  std::atomic<int64_t> count{0};
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("called a synchronizing CUDA operation") != std::string::npos) ++count;
+    else if (next) next->process(warning);
+  }
+};
+inline SyncWarningCounter& sync_warning_counter() {
+  static SyncWarningCounter counter;
+  return counter;
+}
+inline void count_cuda_syncs() {
+  SyncWarningCounter& counter = sync_warning_counter();
+  if (c10::WarningUtils::get_warning_handler() != &counter) {
+    counter.next = c10::WarningUtils::get_warning_handler();
+    c10::WarningUtils::set_warning_handler(&counter);
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+}
+inline int64_t cuda_syncs() { return sync_warning_counter().count.load(); }
+#else
+inline void count_cuda_syncs() {}
+inline int64_t cuda_syncs() { return 0; }
+#endif
 
 }  // namespace kit::compat
 

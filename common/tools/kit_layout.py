@@ -56,8 +56,9 @@ FOLDERS = {
                 "the column- and row-parallel layers, attention with its heads split over tp and "
                 "its keys and values gathered over cp, the parallel Transformer LM, dropout's two "
                 "random streams",
-    "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
-             "scaling study's summary, checkpoints (sharded ones too), memory counting",
+    "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
+             "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
+             "counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }

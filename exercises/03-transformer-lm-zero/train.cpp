@@ -26,6 +26,7 @@
 
 #include "kit/train/args.h"                // TrainArgs, parse_args(), take_flag(), flag_int(): the flags
 #include "kit/train/checkpoint.h"          // Checkpoints, TrainState: save, resume, stop before the time limit
+#include "kit/train/clip.h"                // clip_grad_norm_(): --clip-grad under DDP, the norm left on the device
 #include "kit/data/data_loader.h"          // DataLoader (and DistributedSampler): batches of samples
 #include "kit/ddp/ddp.h"                   // DistributedDataParallel: stage 0
 #include "kit/runtime/distributed.h"       // setup(), all_reduce(), print0(), save0(), destroy_process_group()
@@ -70,7 +71,9 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader, T
   const auto steps_per_epoch = static_cast<int64_t>(
       max_steps > 0 ? std::min<size_t>(loader.size(), max_steps) : loader.size());
   for (kit::Batch batch : loader.from(first)) {
-    auto input = batch.input.to(device), target = batch.target.to(device);
+    // A pinned batch, copied without the host waiting for it (exercise 01).
+    auto input = batch.input.to(device, /*non_blocking=*/true);
+    auto target = batch.target.to(device, /*non_blocking=*/true);
     trainer.zero_grad();
     kit::memory::reset_peak();  // the step's peak, from what is live now (weights, state, batch)
     auto loss = kit::lm_loss(trainer.forward(input), target);
@@ -170,7 +173,7 @@ int main(int argc, char** argv) {
   kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);
   kit::DistributedEvalSampler val_sampler(val_data);  // every sample once: see exercise 01
   kit::DistributedEvalSampler test_sampler(test_data);
-  Loader train_loader(train_data, args.batch_size, train_sampler);
+  Loader train_loader(train_data, args.batch_size, train_sampler, kit::LoaderOptions{.pin_memory = true});
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
@@ -223,7 +226,7 @@ int main(int argc, char** argv) {
   if (ddp) {
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
     trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
-      if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
+      if (args.clip_grad > 0) kit::clip_grad_norm_(model->parameters(), args.clip_grad);
       optimizer->step();
     };
     trainer.held = [&] { return ddp_held(model, *optimizer); };

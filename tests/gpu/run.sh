@@ -15,12 +15,20 @@
 #     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward;
 #  5. runs the collectives benchmark (common/bench/bench_collectives.cpp) on NCCL with one rank
 #     per GPU, 8 B to 256 MiB, and, with two GPUs or more, plots busbw against size with the
-#     alpha-beta fit (slides/tools/plot_collectives.py).
+#     alpha-beta fit (slides/tools/plot_collectives.py);
+#  6. counts the host synchronisations of a training step (common/bench/host_syncs.cpp: exercise
+#     01's loop under DDP, CUDA's sync debug mode) on 1 rank and, with two GPUs or more, on 2, and
+#     prints them. Expected, as on fakegpu in CI (ctest -R host_syncs), unless one of ATen's CUDA
+#     kernels synchronises: none inside a step from step 2 on; between steps, only at every 10th
+#     step: rank 0 reads its losses (1), and on 2 ranks every rank polls the stop flag (2: the flag
+#     to the GPU and back), so 1 with one rank, 3 on rank 0 and 2 on rank 1 with two. --check
+#     makes any other figure a failure.
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
 # bench.txt (the table) and bench.log (the raw BENCH lines), collectives.txt, collectives.csv,
-# collectives-busbw.svg and collectives-fit.md (step 5). Exit status 0 when everything built
+# collectives-busbw.svg and collectives-fit.md (step 5), host_syncs.txt (the counts) and
+# host_syncs.log (every step's, step 6). Exit status 0 when everything built
 # and passed, 1 when a test or the benchmark failed, 2 when it could not build.
 #
 # Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
@@ -157,7 +165,7 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
 fi
 grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
 
-targets=(gpu_tests ddp_tests bench_ddp bench_collectives ex01-solution ddprun make_corpus corpus)
+targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ddprun make_corpus corpus)
 say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
   grep -m 20 -E 'error|Error' "$RESULTS/build.log" >&2 || tail -n 30 "$RESULTS/build.log" >&2
@@ -208,6 +216,21 @@ else
         --label "$gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F)" \
         "$RESULTS/collectives.csv" 2>&1 | tee -a "$RESULTS/collectives.txt" || status=1
   fi
+fi
+
+# --- host synchronisations per training step (CUDA's sync debug mode) -------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "host synchronisations not counted (they need a GPU)" | tee "$RESULTS/host_syncs.txt"
+else
+  say "host synchronisations per step (expected: 0 inside a step from step 2 on; between steps only" \
+      "every 10th: 1 on one rank, 3 on rank 0 and 2 on rank 1 of two)"
+  rm -f "$RESULTS/host_syncs.log" "$RESULTS/host_syncs.txt"
+  for ranks in 1 2; do
+    [ "$ranks" -le "$gpus" ] || continue
+    "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/host_syncs" --steps 40 \
+        --d-model 256 --layers 2 --seq 64 --batch 16 --check >>"$RESULTS/host_syncs.log" 2>&1 || status=1
+  done
+  grep -E '^HOSTSYNCS|host_syncs:' "$RESULTS/host_syncs.log" | tee "$RESULTS/host_syncs.txt" || status=1
 fi
 
 say "results in $RESULTS"
