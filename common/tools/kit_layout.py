@@ -50,7 +50,8 @@ FOLDERS = {
     "ddp": "`DistributedDataParallel`: buckets, gradient averaging overlapped with backward, "
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
-                "sharded AdamW, clipping a sharded gradient",
+                "sharded AdamW, clipping a sharded gradient, the weights and gradients as flat buffers "
+                "(`FlatParameters`)",
     "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
              "scaling study's summary, checkpoints (sharded ones too), memory counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
