@@ -121,6 +121,8 @@ PEAK_MARGIN = 0.5
 # A checkpoint's shards against the solution's at the same step: the same library computes both,
 # so equal but for the order of a sum (relative 1e-4 of the tensor's largest value).
 SHARD_TOL = 1e-4
+# The exercise's line for a stage whose TODO is not done yet (not_done() in the trainer).
+NOT_DONE = re.compile(r"TODO (\d+): [^\n]* is not done yet")
 # A ZeRO-3 run whose training forward went through the model itself: its weights are empty (0
 # elements) between the units' gathers, and torch's first layer says so in its own words.
 EMPTY_WEIGHTS = re.compile(r"must be 2-D|weights are empty|size mismatch|expected .*0 elements",
@@ -175,14 +177,21 @@ def held(name, run, r):
     return tuple(int(x) for x in got[-1]) if got else None
 
 
+# The formula's part of a bytes line, also where the line lacks "rank R: " (the exercise as
+# shipped prints it with print0, on rank 0 alone): TODO 1's two parts are judged apart.
+FORMULA = re.compile(r"^(?:rank (\d+): )?(DDP|ZeRO-[123]) holds .*; the formula: params (-?\d+) "
+                     r"grads (-?\d+) optimizer (-?\d+) gathered (-?\d+)\s*$", re.M)
+
+
 def predicted(name, run, r):
     """(params, grads, optimizer, gathered) of rank r's formula (TODO 1) under `name`: None
     without a bytes line, () where the line has no formula."""
-    got = [m.groups()[7:] for m in HELD.finditer(run.logs.get(r, "")) if m.group(1) == str(r)
-           and m.group(2) == name]
-    if not got:
-        return None
-    return tuple(int(x) for x in got[-1]) if got[-1][0] is not None else ()
+    log = run.logs.get(r, "")
+    got = [m.groups()[2:] for m in FORMULA.finditer(log)
+           if m.group(1) in (str(r), None if r == 0 else str(r)) and m.group(2) == name]
+    if got:
+        return tuple(int(x) for x in got[-1])
+    return () if any(m.group(2) == name for m in HELD.finditer(log)) else None
 
 
 CATEGORIES = ("params", "grads", "optimizer state", "gathered weights")
@@ -190,8 +199,11 @@ CATEGORIES = ("params", "grads", "optimizer state", "gathered weights")
 
 def formula_wrong(name, run, ranks, units):
     """Why the formula that `run`'s ranks printed under `name` (TODO 1) is not this file's, or
-    "" (also where a rank printed no bytes line: bytes_wrong says so)."""
+    "" (also where a rank printed no bytes line: bytes_wrong says so; None where no rank of the
+    run printed one)."""
     want = formula(name, units, ranks)
+    if all(predicted(name, run, r) is None for r in range(ranks)):
+        return None
     for r in range(ranks):
         got = predicted(name, run, r)
         if got is None:
@@ -213,7 +225,9 @@ def formula_wrong(name, run, ranks, units):
 
 
 # Where a stage holds what another stage would: said, since that tells what was not sharded.
-FIGURE_OF = {"ZeRO-1": "ZeRO-1's, the whole gradient", "DDP": "DDP's: is it still DDP?"}
+FIGURE_OF = {"ZeRO-2": "ZeRO-2's", "ZeRO-1": "ZeRO-1's: the whole gradient",
+             "DDP": "DDP's: is it still DDP?"}
+BELOW = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]  # the stages in order: a figure of the nearest one
 
 
 def bytes_wrong(name, run, ranks, units):
@@ -226,8 +240,8 @@ def bytes_wrong(name, run, ranks, units):
                     "rank prints its own: TODO 1)")
         for k, (what, g, w) in enumerate(zip(CATEGORIES[:3], got, want)):
             if g != w:
-                like = next((f" ({FIGURE_OF[o]})" for o in ("DDP", "ZeRO-1")
-                             if o != name and formula(o, units, ranks)[k] == g), "")
+                like = next((f" ({FIGURE_OF[o]})" for o in reversed(BELOW[:BELOW.index(name)])
+                             if formula(o, units, ranks)[k] == g), "")
                 if name == "ZeRO-2" and what == "grads" and g == 0:
                     like = " (none: the averaged shard is ZeRO-2's gradient, kept until zero_grad())"
                 elif name == "ZeRO-2" and what == "grads" and g == want[0] + w:
@@ -584,6 +598,7 @@ def judge(check):
     stopped_at = {}  # TODO label of a stop -> (how, where), said once, first among its rows
     working, passed, saved = [], [], (None, "")
     formulas = []  # (name, run, its units): TODO 1's formula, judged where a line was printed
+    step_wrong = set()  # stages whose losses or weights are wrong: ZeRO-2 runs ZeRO-1's step
     for stage, concept in STAGES.items():
         name, run = f"ZeRO-{stage}", done[stage]
         what = f"{name} on {ranks} ranks: {whose}'s losses" + \
@@ -593,6 +608,15 @@ def judge(check):
             v.add(concept, False, what, "the model's weights are empty under ZeRO-3: forward "
                   "through the wrapper (sharded->forward), not the model's own forward (" +
                   run.failure() + ")")
+            continue
+        todo_first = NOT_DONE.search(run.failure() or "")
+        if todo_first and todo_first.group(1) != v.todo(concept):
+            # The given line of a TODO not done yet (ZeRO-2 runs TODO 2's step): that TODO first.
+            v.add(concept, False, what, f"the run stopped at TODO {todo_first.group(1)}, not done "
+                  f"yet ({todo_first.group(0).rstrip()})", cause=todo_first.group(1))
+            continue
+        if todo_first:
+            v.add(concept, False, what, todo_first.group(0).rstrip())
             continue
         if run.failure():
             s = explain(check, run, solution[stage])
@@ -615,6 +639,8 @@ def judge(check):
         formulas.append((name, run, mine))
         if not why and stage < 3:
             why = weights_wrong(name, run, baseline, ranks, whose)
+        if why:
+            step_wrong.add(stage)
         held_why = bytes_wrong(name, run, ranks, mine)
         pair = check.flag_runs.get(f"flags{stage}") or (None, None)
         why = why or held_why or peak_wrong(
@@ -622,16 +648,21 @@ def judge(check):
             [r for r in (solution[stage], pair[1]) if r is not None and r.finished()],
             ranks, mine) or \
             ("" if own else flag_wrong(check, stage))  # the flag runs have no DDP run of yours
-        # The bytes come from TODO 1's line: where that line is wrong, so are they.
-        v.add(concept, not why, what, why, cause="report" if why and why == held_why and
-              not report_ok else None)
+        # The bytes come from TODO 1's line: where that line is wrong, so are they. ZeRO-2 runs
+        # ZeRO-1's step (TODO 2): where both compute something else, the step is TODO 2's.
+        cause = "report" if why and why == held_why and not report_ok else \
+            "zero1" if stage == 2 and stage in step_wrong and 1 in step_wrong else None
+        v.add(concept, not why, what, why, cause=cause)
         if not why:
             passed.append(stage)
         saved = saved if saved[0] else saved_wrong(run, name, units)
     # TODO 1's formula, wherever a bytes line was printed: DDP's first, then each stage's.
     wrong = [formula_wrong(n, r, ranks, u) for n, r, u in [("DDP", many, units)] + formulas]
-    v.add("report", not any(wrong), "your formula (predicted_bytes) gives the check's bytes at "
-          "every stage that printed its line", next((w for w in wrong if w), ""))
+    read = [w for w in wrong if w is not None]
+    v.add("report", bool(read) and not any(read), "your formula (predicted_bytes) gives the "
+          "check's bytes at every stage that printed its line",
+          next((w for w in read if w), "" if read else
+               "no run printed a bytes line with \"; the formula: ...\" to read it from"))
     judge_checkpoints(check, working, passed, done, solution_stopped, baseline, stopped_at)
     for todo, (how, where) in stopped_at.items():
         v.add(todo, False, f"the ZeRO runs on {ranks} ranks get to their end",
