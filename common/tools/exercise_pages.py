@@ -136,14 +136,14 @@ def page_head(fx):
                    f"{todo_range(job_labels)}) on this machine's test Slurm (root)")
         out.append(f"./kit check {short} --job-output .  # the job you submitted on a cluster, "
                    f"from its .out and runs/")
-    out += [f"./kit hint {short} {first}                # a nudge for one TODO, not the answer",
+    out += [f"./kit check {short} --keep          # the same, and keep every run's folder and "
+            f"logs (it prints where)",
+            f"./kit hint {short} {first}                # a nudge for one TODO, not the answer",
             f"./kit diff {short}                  # your files against the next stage",
             f"./kit watch {short}                 # check again each time you save",
             f"cmake --build build --target {target}-exercise   # build it alone: "
             f"build/bin/{target}-exercise",
-            "```", "",
-            f"The check's rules: [`common/tools/rules/{target}.py`]"
-            f"({rel(f'common/tools/rules/{target}.py', here)}); what it judges is below.", ""]
+            "```", "", "What the check judges is below.", ""]
     decks = ", ".join(f"[`{d}`]({rel(d, here)})" for d in info["decks"])
     out.append(f"**Deck{'s' if len(info['decks']) > 1 else ''}:** {decks}")
     if fx["job"]:

@@ -50,7 +50,8 @@ FOLDERS = {
     "ddp": "`DistributedDataParallel`: buckets, gradient averaging overlapped with backward, "
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
-                "sharded AdamW, clipping a sharded gradient",
+                "sharded AdamW, clipping a sharded gradient, the weights and gradients as flat buffers "
+                "(`FlatParameters`)",
     "parallel": "tensor and context parallelism, Megatron-style: the dp x cp x tp `Mesh` and its "
                 "groups, the autograd operators that communicate (`copy_to`, `reduce_from`, ...), "
                 "the column- and row-parallel layers, attention with its heads split over tp and "

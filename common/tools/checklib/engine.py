@@ -21,12 +21,15 @@ ROOT = os.path.dirname(os.path.dirname(TOOLS))
 
 
 def load_rules(exercise):
-    """common/tools/rules/<target>.py for exercises/<exercise>/info.toml's target ("ex01"), and
-    the programs its check needs besides ddprun (info.toml's [check] tools)."""
+    """common/tools/rules/<target>.py for exercises/<exercise>/info.toml's target ("ex01"), the
+    programs its check needs besides ddprun (info.toml's [check] tools) and the libraries its
+    runs preload ([check] preload: lib/lib<name>.so of the build)."""
     info_path = os.path.join(ROOT, "exercises", exercise, "info.toml")
     with open(info_path, "rb") as f:
         info = kit_toml.load(f)
-    return importlib.import_module(f"rules.{info['target']}"), info.get("check", {}).get("tools", [])
+    need = info.get("check", {})
+    return (importlib.import_module(f"rules.{info['target']}"), need.get("tools", []),
+            need.get("preload", []))
 
 
 class Check:
@@ -45,6 +48,12 @@ class Check:
         given = getattr(self.args, name.replace("-", "_"), None)
         path = given or os.path.join(self.args.bin_dir or "", name)
         return os.path.abspath(path)
+
+    def library(self, name):
+        """A library of the build that a run preloads (kit_test_hooks): lib/lib<name>.so beside
+        the programs' bin/."""
+        return os.path.abspath(os.path.join(os.path.dirname(self.tool("ddprun")), "..", "lib",
+                                            f"lib{name}.so"))
 
     def launch(self, binary, name, ranks, layout, data, flags, env=None):
         return Run(os.path.join(self.workdir, name), ranks).launch(
@@ -81,6 +90,8 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
         return run.load()
+    if os.path.exists(stamp):  # the run it vouched for is about to be replaced
+        os.remove(stamp)
     run.launch(solution, "node", data, check.tool("ddprun"), flags,
                dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
     if run.code == 0:
@@ -165,14 +176,23 @@ def main(argv, doc):
     a = parse_args(argv, doc)
     if a.explain_build:
         return explain_build(a.exercise, a.explain_build, a.source)
-    rules, tools = load_rules(a.exercise)
+    rules, tools, preload = load_rules(a.exercise)
     workdir = a.workdir or tempfile.mkdtemp(prefix="kit-check-")
     os.makedirs(workdir, exist_ok=True)
     check = Check(rules, a, workdir)
     a.binary, a.solution = os.path.abspath(a.binary), os.path.abspath(a.solution)
-    for prog in [a.binary, a.solution] + [check.tool(t) for t in ["ddprun"] + tools]:
-        if not os.access(prog, os.X_OK):
-            sys.stderr.write(f"check: {prog} is not built\n")
+    # What the runs need, before any run: a program or a preloaded library that is missing would
+    # stop a run, or, preloaded, be ignored by the loader with a warning and change what the run
+    # does (a stop that never comes). One line naming it, and no verdicts.
+    needed = [(p, os.access(p, os.X_OK)) for p in [a.binary, a.solution] +
+              [check.tool(t) for t in ["ddprun"] + tools]]
+    needed += [(check.library(lib), os.path.isfile(check.library(lib))) for lib in preload]
+    for path, there in needed:
+        if not there:
+            name = os.path.basename(path)
+            target = name[3:-3] if name.startswith("lib") and name.endswith(".so") else name
+            print(f"  {CROSS} the check cannot start its runs: {path} is not built (cmake --build "
+                  f"{os.path.dirname(os.path.dirname(path)) or '.'} --target {target})")
             return 2
     if a.ranks < 2:
         sys.stderr.write("check: --ranks must be at least 2\n")
@@ -271,4 +291,7 @@ def main(argv, doc):
         record(a.record, a.exercise, a.source, v)
     if not a.keep and not a.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
+    elif a.keep:
+        print(f"the runs' folders are kept in {workdir} (each run's logs: <run>/log/rankN.log, "
+              "its output: <run>/out)")
     return 1 if v.failed() else 0

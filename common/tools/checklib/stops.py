@@ -121,6 +121,8 @@ def explain(run, source, exercise, labels, verdicts):
     """How and where `run` stopped, or None when it did not fail."""
     if run.code == 0:
         return None
+    if getattr(run, "startup", ""):  # it did not start as asked: nothing of the trainer's to place
+        return Stop(None, run.failure(), "", None, "")
     crash = killed_by(run)
     ranks = range(run.ranks)
     # A rank whose collective failed because another rank left is a consequence: the rank that
