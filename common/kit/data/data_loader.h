@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/types.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers (the background threads) and Batch
@@ -92,6 +93,11 @@ class DistributedEvalSampler : public DistributedSampler {
 struct LoaderOptions {
   int64_t workers = 0;   // int64_t like the flags (kit/train/args.h), so {.workers = args.workers} works
   int64_t prefetch = 2;  // batches made ahead per worker
+  // Each batch in pinned (page-locked) host memory, as PyTorch's pin_memory=True: a GPU copies
+  // from it faster, and only from it can a non_blocking copy overlap the GPU's work. Pinned where
+  // the batch is made (a worker thread, when there are workers). Without CUDA it changes nothing:
+  // there is no GPU to copy to, and LibTorch cannot pin without one.
+  bool pin_memory = false;
 };
 
 // A random permutation of 0..n-1 from torch's generator (seeded by setup() or manual_seed).
@@ -206,7 +212,16 @@ class DataLoader {
       inputs.push_back(x);
       targets.push_back(y);
     }
-    return {torch::stack(inputs), torch::stack(targets)};
+    Batch b{torch::stack(inputs), torch::stack(targets)};
+    if (options_.pin_memory && pinning()) {
+      b.input = b.input.pin_memory();
+      b.target = b.target.pin_memory();
+    }
+    return b;
+  }
+  static bool pinning() {  // pin_memory is only meaningful, and only possible, with a GPU
+    static const bool gpu = torch::cuda::is_available();
+    return gpu;
   }
 
   const Dataset* data_;

@@ -19,6 +19,7 @@
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
 #include "kit/runtime/files.h"
+#include "kit/train/memory.h"
 #include "kit/check/observe.h"
 
 namespace kit {
@@ -304,6 +305,11 @@ void Metrics::end_epoch(int64_t epoch) {
 
 std::string device_model(torch::Device device) {
   return device.is_cuda() ? compat::gpu_name(device.index()) : device.str();
+}
+
+int64_t peak_tensor_bytes(torch::Device device) {
+  if (device.is_cuda()) return compat::peak_gpu_bytes(device.index());
+  return memory::installed() ? memory::peak_live_bytes() : 0;
 }
 
 }  // namespace kit
