@@ -61,7 +61,8 @@ std::vector<double> read_npy(const std::string& path) {
     fail(path + ": no shape in the .npy header");
   int64_t count = 1;
   const std::string dims = m[1].str();
-  for (std::sregex_iterator it(dims.begin(), dims.end(), std::regex(R"(\d+)")), end; it != end; ++it)
+  const std::regex number(R"(\d+)");
+  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
     count *= std::stoll(it->str());
   std::vector<double> values(static_cast<size_t>(count));
   for (auto& v : values) {

@@ -44,10 +44,10 @@ std::string precision_unsupported(Precision p, torch::Device device, int cuda_ca
   return std::string("autocast on ") + device.str() + ": the kit knows CPU and CUDA only";
 }
 
-Autocast::Autocast(torch::Device device, Precision p) {
+Autocast::Autocast(torch::Device device, Precision p, CallSite site) {
   if (p == Precision::fp32) return;
   if (std::string why = precision_unsupported(p, device); !why.empty())
-    throw std::invalid_argument(why);
+    throw std::invalid_argument(why + " (" + site.str() + ")");
   type_ = device.type();
   was_enabled_ = compat::autocast_enabled(type_);
   was_dtype_ = compat::autocast_dtype(type_);

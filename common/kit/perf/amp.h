@@ -24,6 +24,8 @@
 #include <c10/core/ScalarType.h>
 #include <torch/types.h>
 
+#include "kit/runtime/process_group.h"  // CallSite: an error names the line that made the scope
+
 namespace kit {
 
 enum class Precision { fp32, bf16, fp16 };
@@ -41,10 +43,10 @@ std::string precision_unsupported(Precision p, torch::Device device, int cuda_ca
 // Python's `with torch.autocast(device_type, dtype)`: on exit the previous state comes back, and
 // the outermost scope empties autocast's cache of casted weights. Autocast is per thread: it
 // covers what this thread computes. A precision the device lacks is std::invalid_argument, with
-// precision_unsupported()'s line.
+// precision_unsupported()'s line and the caller's ("(train.cpp:143)").
 class Autocast {
  public:
-  Autocast(torch::Device device, Precision p);
+  Autocast(torch::Device device, Precision p, CallSite site = {});
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
