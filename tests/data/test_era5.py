@@ -6,8 +6,12 @@
              global_means.npy and global_stds.npy of shape [1, C, 1, 1], equal to the per-channel
              mean and standard deviation numpy computes over the training files; the next time
              step is the current one carried east (the dynamics the model must learn)
-  learnable  a short run of the solution on the bundled fields: u10's RMSE after 60 steps is well
-             below the first epoch's, and below a forecast of "no change" (persistence)
+  learnable  a short run of the solution on fields of eight "years" (make_weather's default grid,
+             20 steps a file): u10's RMSE after 95 steps is well below the first epoch's, and
+             below a forecast of "no change" (persistence) on the validation year. (The bundled
+             set's two training years are too few: the model learns them, 0.08 training loss,
+             but on a new year stays above persistence, 0.35 against 0.27 after 60 steps; here
+             0.158 against 0.210, measured.)
   badinput   the solution on damaged data (files written with h5py): a dataset of 3 dimensions, a
              NaN, another channel count than the statistics, a file that is not HDF5, missing
              statistics: each one line on stderr naming the file, a non-zero exit; and the run's
@@ -16,7 +20,7 @@
              that does not divide the grid
 
 usage: test_era5.py layout MAKE_WEATHER WORKDIR
-       test_era5.py learnable TRAINER DATA WORKDIR
+       test_era5.py learnable TRAINER MAKE_WEATHER WORKDIR
        test_era5.py badinput TRAINER MAKE_WEATHER WORKDIR
 """
 import os
@@ -95,16 +99,18 @@ def lines(text):
     return [l for l in text.splitlines() if l.strip()]
 
 
-def learnable(trainer, data, work):
+def learnable(trainer, make_weather, work):
     os.makedirs(work, exist_ok=True)
-    code, out, err = run([trainer, "--data-dir", data, "--out-dir", work, "--epochs", "3",
-                          "--max-steps", "20", "--batch-size", "8", "--patch-size", "8",
+    data = generate(make_weather, os.path.join(work, "fields"),
+                    ["--train-files", "8", "--steps", "20", "--seed", "7"])
+    code, out, err = run([trainer, "--data-dir", data, "--out-dir", work, "--epochs", "5",
+                          "--max-steps", "20", "--batch-size", "8", "--patch-size", "4",
                           "--embed-dim", "64", "--depth", "2", "--heads", "4", "--lr", "2e-3",
                           "--seed", "1"])
-    check(code == 0, f"the solution trains on the bundled fields ({err.strip()[-200:]})")
+    check(code == 0, f"the solution trains on eight years of fields ({err.strip()[-200:]})")
     rmse = [float(l.rsplit(" ", 1)[1]) for l in lines(out) if "u10 RMSE" in l and l.startswith("[")]
-    check(len(rmse) == 3 and rmse[-1] < 0.8 * rmse[0],
-          f"u10's RMSE falls over three epochs of 20 steps: {rmse}")
+    check(len(rmse) == 5 and rmse[-1] < 0.8 * rmse[0],
+          f"u10's RMSE falls over five epochs of 19 steps: {rmse}")
     # Persistence (tomorrow = today) on the validation fields, in normalised units, latitude
     # weighted as the trainer's metric: the model must do better than not moving at all.
     means = np.load(os.path.join(data, "stats", "global_means.npy")).ravel()
@@ -117,7 +123,7 @@ def learnable(trainer, data, work):
     w = (w / w.mean())[:, None]
     persistence = np.mean([np.sqrt((w * (u[t + 1] - u[t]) ** 2).mean()) for t in range(len(u) - 1)])
     check(rmse and rmse[-1] < persistence,
-          f"after 60 steps u10's RMSE {rmse[-1] if rmse else '?'} beats persistence's {persistence:.3f}")
+          f"after 95 steps u10's RMSE {rmse[-1] if rmse else '?'} beats persistence's {persistence:.3f}")
 
 
 def badinput(trainer, make_weather, work):
