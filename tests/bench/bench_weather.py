@@ -18,12 +18,14 @@ bench.weather_smoke).
 
 usage: bench_weather.py --exercise BIN --solution BIN --make-weather BIN --work DIR
                         [--device cpu|cuda] [--steps N] [--repeats R] [--csv FILE] [--profile]
+                        [--fields="MAKE_WEATHER FLAGS"] [--model="TRAINER FLAGS"]
                         [-- EXTRA TRAINER FLAGS]
 """
 import argparse
 import datetime
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -102,12 +104,14 @@ def main(argv):
     ap.add_argument("--profile", action="store_true",
                     help="then profile 3 steps of the last row (WORK/profile/trace.json): steps "
                          "11-13, after the warm-up (2-4 for runs of fewer than 14 steps)")
-    ap.add_argument("--fields", nargs="*", help="make_weather's flags in place of the device's")
-    ap.add_argument("--model", nargs="*", help="the trainer's model flags in place of the device's")
+    # One string each, written --fields="--channels 3 ..." (a value that starts with "--").
+    ap.add_argument("--fields", help="make_weather's flags in place of the device's, one string")
+    ap.add_argument("--model", help="the trainer's model flags in place of the device's, one string")
     a = ap.parse_args(argv)
     shape = SHAPES[a.device]
-    fields = a.fields if a.fields is not None else shape["fields"]
-    model = a.model if a.model is not None else shape["model"]
+    fields = shlex.split(a.fields) if a.fields is not None else shape["fields"]
+    model = shlex.split(a.model) if a.model is not None else shape["model"]
+    batch = model[model.index("--batch-size") + 1] if "--batch-size" in model else "?"
     os.makedirs(a.work, exist_ok=True)
     data = os.path.join(a.work, "fields")
     stamp = os.path.join(data, ".made-by")
@@ -131,7 +135,7 @@ def main(argv):
 
     today = datetime.date.today().isoformat()
     print(f"\nexercise 06, the weather ViT on {device_name} ({a.device}), {today}: {a.steps} steps "
-          f"of batch 16 per run, {a.repeats} repeats interleaved (median, spread of samples/s)")
+          f"of batch {batch} per run, {a.repeats} repeats interleaved (median, spread of samples/s)")
     print(f"fields: make_weather {' '.join(fields)}; model: {' '.join(model + extra)}")
     head = f"{'configuration':<44} {'samples/s':>10} {'spread':>13} {'step ms':>9} " \
            f"{'peak MiB':>9} {'u10 RMSE':>9} {'speed-up':>9}"
@@ -179,7 +183,7 @@ def main(argv):
             "--profile-steps", "3"], max(a.steps, start + 3), extra)
         print(f"\nprofile of \"{label.strip()}\":")
         print("\n".join(l for l in got["stdout"].splitlines()
-                        if l.startswith(("profile of", "top ", "  "))))
+                        if l.startswith(("profile of", "top ", "  ")) and "samples/s" not in l))
     return 0
 
 

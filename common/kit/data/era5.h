@@ -10,7 +10,7 @@
 // Files are read in the order of their names; each contributes (its time steps - dt) samples.
 // Every sample is normalised per channel, (x - mean) / std, input and target alike.
 // common/data/make_weather.cpp writes small fields in this layout (build/data/era5); the real
-// data: exercise 06's page (exercises/06-weather-vit-single-device/README.md).
+// data: exercise 06's page (exercises/06-weather-vit-one-device/README.md).
 //
 // Read with HDF5's C API (libhdf5-dev on Debian, the site's HDF5 module on a cluster; without
 // HDF5 this file's functions are not built, and neither is exercise 06). Only the hyperslab of
