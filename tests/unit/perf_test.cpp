@@ -371,7 +371,9 @@ TEST(DeviceBatches, PinnedMemoryChangesNothingWithoutCuda) {
   kit::DataLoader<SlowDataset> plain(data, 4);
   auto a = (*pinned.begin()).input, b = (*plain.begin()).input;
   EXPECT_TRUE(torch::equal(a, b));
-  if (!torch::cuda::is_available()) EXPECT_FALSE(a.is_pinned());
+  if (!torch::cuda::is_available()) {
+    EXPECT_FALSE(a.is_pinned());
+  }
 }
 
 // --- the model and the metric -----------------------------------------------------------------
