@@ -128,8 +128,12 @@ def page_head(fx):
     job_labels = [l for l in fx["labels"] if l not in trainer_labels]
     target = info["target"]
     first = fx["labels"][0] if fx["labels"] else "1"
+    # info.toml's [check] one_process = true: an exercise of one process on one device
+    # (its rules' SINGLE_PROCESS), which the check runs with each TODO's flag instead of on ranks.
+    runs = ("run it with each TODO's flag" if info.get("check", {}).get("one_process")
+            else "run it on several ranks")
     out += ["", "## Commands", "", "```sh",
-            f"./kit check {short}                 # build yours, run it on several ranks, judge "
+            f"./kit check {short}                 # build yours, {runs}, judge "
             f"every TODO" + (f" ({todo_range(trainer_labels)})" if trainer_labels else "")]
     if "job" in info.get("check", {}) and job_labels:
         out.append(f"./kit check {short} --job           # your job script (TODOs "

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/types.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers (the background threads) and Batch

@@ -23,6 +23,7 @@
 #include "kit/runtime/distributed.h"
 #include "kit/runtime/files.h"
 #include "kit/train/checkpoint.h"  // Checkpoints::kStopPollSteps: rows are written at polling steps
+#include "kit/train/memory.h"
 #include "kit/check/observe.h"
 
 namespace kit {
@@ -358,6 +359,11 @@ void Metrics::end_epoch(int64_t epoch) {
 
 std::string device_model(torch::Device device) {
   return device.is_cuda() ? compat::gpu_name(device.index()) : device.str();
+}
+
+int64_t peak_tensor_bytes(torch::Device device) {
+  if (device.is_cuda()) return compat::peak_gpu_bytes(device.index());
+  return memory::installed() ? memory::peak_live_bytes() : 0;
 }
 
 }  // namespace kit

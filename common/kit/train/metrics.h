@@ -53,6 +53,10 @@ namespace kit {
 
 // What a device is, for a report: "cpu", or the GPU's product name ("NVIDIA H100 80GB HBM3").
 std::string device_model(torch::Device device);
+// The most bytes of tensors `device` held at once: on a GPU the caching allocator's peak since its
+// last reset (torch.cuda.max_memory_allocated(); Metrics resets it at construction and at each
+// epoch's end), on the CPU the counting allocator's (kit/train/memory.h: 0 unless installed).
+int64_t peak_tensor_bytes(torch::Device device);
 
 class Metrics {
  public:

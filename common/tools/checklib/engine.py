@@ -1,6 +1,12 @@
 """The flow of one check: prepare the exercise's data, run the student's build alone, on N ranks
 of one node and with one rank per node, run the solution the same way (once, shared between
-checks with --reference-dir), let the exercise's rules judge, print the verdicts."""
+checks with --reference-dir), let the exercise's rules judge, print the verdicts.
+
+An exercise of one process on one device (its rules say SINGLE_PROCESS = True: exercise 06) has
+no ranks to compare: its build and the solution run alone, with RUN_FLAGS and with each of
+FLAG_RUNS' flags (and FLAG_ENV's environment), all at once (single_process()); check.many is the
+RUN_FLAGS run, check.ranks 1."""
+from concurrent.futures import ThreadPoolExecutor
 import argparse
 import importlib
 import json
@@ -92,12 +98,47 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
         return run.load()
     if os.path.exists(stamp):  # the run it vouched for is about to be replaced
         os.remove(stamp)
-    run.launch(solution, "node", data, check.tool("ddprun"), flags,
+    run.launch(solution, "alone" if single(rules) else "node", data, check.tool("ddprun"), flags,
                dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
     if run.code == 0:
         with open(stamp, "w") as f:
             f.write(key)
     return run
+
+
+def single(rules):
+    """Whether the exercise is one process on one device (rules.SINGLE_PROCESS)."""
+    return bool(getattr(rules, "SINGLE_PROCESS", False))
+
+
+def single_process(check, data):
+    """The runs of a one-process exercise: the student's build with RUN_FLAGS and with each of
+    FLAG_RUNS' flags, and the solution's same runs (kept in --reference-dir), all at once: each is
+    mostly the start of a process. check.many is the RUN_FLAGS run; check.alone the same run."""
+    rules, a = check.rules, check.args
+    base = a.reference_dir or check.workdir
+    flag_runs = getattr(rules, "FLAG_RUNS", {})
+    # name -> the environment of that run, from the rules' FLAG_ENV (name -> function(check)).
+    envs = {name: make(check) for name, make in getattr(rules, "FLAG_ENV", {}).items()}
+
+    def references():
+        if check.reference is None:  # made under the lock already with --reference-dir
+            check.reference = reference_run(check, base, data)
+        return {name: reference_run(check, base, data, name, flags, envs.get(name))
+                for name, flags in flag_runs.items()}
+
+    with ThreadPoolExecutor(len(flag_runs) + 2) as pool:
+        mine = {name: pool.submit(check.launch, a.binary, name, 1, "alone", data, flags,
+                                  envs.get(name))
+                for name, flags in flag_runs.items()}
+        main = pool.submit(check.launch, a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
+        if a.reference_dir:  # one solution run at a time per flag set, shared between checks
+            with Locked(a.reference_dir):
+                theirs = references()
+        else:
+            theirs = references()
+        check.many = check.alone = main.result()
+        check.flag_runs = {name: (f.result(), theirs[name]) for name, f in mine.items()}
 
 
 def program_solution(exercise):
@@ -194,7 +235,9 @@ def main(argv, doc):
             print(f"  {CROSS} the check cannot start its runs: {path} is not built (cmake --build "
                   f"{os.path.dirname(os.path.dirname(path)) or '.'} --target {target})")
             return 2
-    if a.ranks < 2:
+    if single(rules):
+        a.ranks = check.ranks = 1  # one process: the rules compare runs with other flags
+    elif a.ranks < 2:
         sys.stderr.write("check: --ranks must be at least 2\n")
         return 2
     ranks = a.ranks
@@ -208,6 +251,14 @@ def main(argv, doc):
         data = rules.prepare_data(check, workdir)
     check.data = data  # for rules that launch runs of their own (rules/ex03.py)
     v = check.verdicts
+    if single(rules):
+        single_process(check, data)
+        if check.many.failure():  # the closing row says "did not finish": here is why
+            s = stops.explain(check.many, a.source, a.exercise, {}, v)
+            print(f"  {CROSS} the program fails with the check's flags: {s.how}"
+                  + (f" ({s.where})" if s.where else ""))
+        rules.judge(check)
+        return finish(check, a, v)
     labels_by_file = getattr(rules, "COLLECTIVE_FILES", {})
     explain = lambda run: stops.explain(run, a.source, a.exercise, labels_by_file, v)  # noqa: E731
     check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
@@ -274,6 +325,11 @@ def main(argv, doc):
         # the destroy TODO's mistake wherever the refused call is: the judges name that TODO.)
         v.add(many_stop.todo, False, f"the run on {ranks} ranks gets to its end",
               f"{many_stop.how} ({many_stop.where})", first=True)
+    return finish(check, a, v)
+
+
+def finish(check, a, v):
+    """Prints the verdicts, the TODO to fix first and the summary lines; the exit code."""
     v.print()
     note = not_judged_note(a.exercise)
     if note:
@@ -290,8 +346,8 @@ def main(argv, doc):
     if a.record:
         record(a.record, a.exercise, a.source, v)
     if not a.keep and not a.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(check.workdir, ignore_errors=True)
     elif a.keep:
-        print(f"the runs' folders are kept in {workdir} (each run's logs: <run>/log/rankN.log, "
+        print(f"the runs' folders are kept in {check.workdir} (each run's logs: <run>/log/rankN.log, "
               "its output: <run>/out)")
     return 1 if v.failed() else 0
