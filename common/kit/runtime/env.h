@@ -57,7 +57,8 @@ std::string shared_gpu(const std::vector<std::string>& gpu_of_rank);
 // SLURM_STEP_GPUS or SLURM_JOB_GPUS set and not empty): a binding that left this task none (a
 // --gpu-bind map with fewer entries than tasks, CUDA_VISIBLE_DEVICES cleared by the script).
 // Training on the CPU there would be silent and slow: one line saying which flags to use, or ""
-// when the rank sees a GPU or Slurm gave none. Only asked in a CUDA build.
+// when the rank sees a GPU or Slurm gave none. Only asked in a CUDA build; setup() lets
+// KIT_ALLOW_CPU=1 (cpu_run_allowed, below) pass it: a CPU run that is meant.
 std::string gpus_given_but_unseen(const EnvLookup& getenv, int visible_gpus);
 
 // A program built against a CPU-only LibTorch that starts inside a Slurm job (SLURM_JOB_ID set)
