@@ -96,7 +96,7 @@ def main():
     # Nothing built there, through ./kit (the variable), as a participant meets it: exit 2.
     env = dict(os.environ, KIT_PREBUILT_COMMON=os.path.join(work, "empty"),
                KIT_BUILD_DIR=os.path.join(work, "kit-build"), KIT_NO_INSTALL="1",
-               CMAKE_PREFIX_PATH=os.path.dirname(os.path.dirname(cache(build, "Torch_DIR"))))
+               CMAKE_PREFIX_PATH=os.path.dirname(cache(build, "Torch_DIR")))
     os.makedirs(env["KIT_PREBUILT_COMMON"])
     r = subprocess.run([os.path.join(ROOT, "kit"), "build"], env=env, capture_output=True, text=True)
     lines = [l for l in r.stderr.splitlines() if l.startswith("kit: error:")]
