@@ -15,12 +15,14 @@ site-packages folder, as a site's module does, through PYTHONPATH). Then, as tha
   3. participant B, the same with KIT_PREBUILT_COMMON=<the instructor's folder>;
   4. one job of exercise 01's solution (2 ranks, the bundled corpus, defaults, 1 epoch of 20
      steps): the size of its run folder (3 checkpoints kept, model-best.pt, model-final.pt).
-Each step's wall time and the folders' sizes are printed, with the machine's load.
+Each step's wall time, its CPU time (user + system of every process of it) and the folders'
+sizes are printed, with the machine's load.
 
 usage: participant_cost.py --site SITE_PACKAGES [--jobs N]
 """
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,11 +41,19 @@ def load():
         return f.read().split()[0]
 
 
+def cpu_seconds():
+    """User and system time of every process this one has waited for (the builds' compilers too):
+    what a step costs in CPU, which the machine's other load does not inflate as it does the wall."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def timed(scene, site, what, script):
-    start, before = time.time(), load()
+    start, before, cpu = time.time(), load(), cpu_seconds()
     rc, out = scene.as_user(site, script)
     took = time.time() - start
-    print(f"{what}: {took:.0f} s (exit {rc}; load average {before} -> {load()})", flush=True)
+    print(f"{what}: {took:.0f} s, CPU {cpu_seconds() - cpu:.0f} s (exit {rc}; load average {before} "
+          f"-> {load()})", flush=True)
     if rc not in (0, 1):  # ./kit check exits 1 on the shipped exercise's failing TODOs
         print(out[-3000:])
         sys.exit(f"{what} failed")

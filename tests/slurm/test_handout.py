@@ -15,9 +15,12 @@ real site's module brings):
   4. sbatch sbatch/00-collectives/run.sbatch: the job runs in the reservation; its output is
      ex00-<job id>.out in the folder it was submitted from, with the reservation named and a
      line per rank; squeue --me;
-  5. the stuck table: ./kit hint 00 1, ./kit stage 00 2;
-  6. exercise 01's job script, finished (./kit stage 01 17), submitted in the reservation, and
-     judged by ./kit check 01 --job-output <job id>: the verdicts of a job in a reservation;
+  5. the stuck table: ./kit hint 00 1, ./kit stage 00 2, ./kit backups 00, ./kit restore 00,
+     scancel of a held job;
+  6. exercise 01 (stage 17: its job script finished): its program built, the data staged with
+     download_wikitext2.sh (WIKITEXT2_URL: a file:// mirror of the build's corpus stands in for
+     the network), run.sbatch submitted in the reservation and judged by ./kit check 01
+     --job-output <job id>: the verdicts of a job in a reservation;
   7. the reservation deleted (it ended): sourcing the profile says so in one line and leaves it
      out; saving it again is refused.
 
@@ -28,6 +31,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,17 +55,20 @@ class Participant:
     """Runs shell scripts as USER in HOME/kit (after the clone), with the cluster's SLURM_CONF
     and torch through PYTHONPATH; the site profile is sourced first once the account is saved."""
 
-    def __init__(self, home, conf, site):
-        self.home, self.conf, self.site = home, conf, site
+    def __init__(self, home, conf, site, prebuilt):
+        self.home, self.conf, self.site, self.prebuilt = home, conf, site, prebuilt
         self.profile = False
+        self.ran = []  # every script run, for handout_commands()
 
-    def run(self, script, timeout=1200):
+    def run(self, script, timeout=600):
+        self.ran.append(script)
         prelude = "cd ~/kit 2>/dev/null || cd ~; "
         if self.profile:
             prelude += ". sbatch/sites/generic.sh; "
         env = ["env", "-i", f"HOME={self.home}", "PATH=/usr/local/bin:/usr/bin:/bin",
                f"SLURM_CONF={self.conf}", f"PYTHONPATH={self.site}", "LANG=C.UTF-8", "KIT_JOBS=2",
-               "KIT_ALLOW_CPU=1", "OMP_NUM_THREADS=1", "USER=" + USER]
+               "KIT_ALLOW_CPU=1", "OMP_NUM_THREADS=1", "USER=" + USER,
+               f"KIT_PREBUILT_COMMON={self.prebuilt}"]
         cmd = ["setpriv", f"--reuid={USER}", f"--regid={gid()}", "--clear-groups"] + env + \
               ["bash", "-c", prelude + script]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,6 +83,22 @@ class Participant:
                 return True
             time.sleep(0.5)
         return False
+
+
+def handout_commands():
+    """The commands of exercises/HANDOUT.md: each line of its sh blocks, and the commands quoted
+    in its "stuck" table; each up to its first <placeholder>, `source` written as `.`."""
+    text = open(os.path.join(ROOT, "exercises", "HANDOUT.md"), encoding="utf-8").read()
+    lines = [l for b in re.findall(r"```sh\n(.*?)```", text, re.S) for l in b.splitlines()]
+    stuck = text.split("## 5. When you are stuck", 1)[1].split("\n## ", 1)[0]
+    lines += [c for c in re.findall(r"`([^`]+)`", stuck) if re.match(r"\./kit |scancel|squeue|sbatch", c)]
+    out = []
+    for line in lines:
+        for cmd in line.split("#", 1)[0].split("&&"):
+            cmd = re.sub(r"^source ", ". ", cmd.split("<", 1)[0].strip())
+            if cmd:
+                out.append(cmd)
+    return out
 
 
 def gid():
@@ -94,7 +117,7 @@ def main():
         print(f"FAIL {a.python} has no torch")
         return 1
     build = os.path.abspath(a.build)
-    for f in ("bin/ddprun",):
+    for f in ("bin/ddprun", "lib/libkit_common.so", "kit-common.stamp", "data/wikitext-2"):
         if not os.path.exists(os.path.join(build, f)):
             print(f"FAIL {build}/{f} is not built")
             return 1
@@ -118,7 +141,13 @@ def main():
         origin = os.path.join(work, "origin")
         make_origin(origin)
         subprocess.run(["chown", "-R", f"{USER}:{gid()}", home, origin], check=True)
-        day(Participant(home, conf, site), origin, env)
+        mirror = os.path.join(work, "mirror")  # the site's copy of WikiText-2: the build's corpus
+        shutil.copytree(os.path.join(build, "data", "wikitext-2"), mirror)
+        os.chmod(mirror, 0o755)
+        me = Participant(home, conf, site, build)
+        day(me, origin, env, mirror)
+        missed = [c for c in handout_commands() if not any(c in script for script in me.ran)]
+        expect(not missed, "every command of the handout was run above", missed)
     finally:
         subprocess.run([CLUSTER_SH, "stop", cluster])
         subprocess.run(["rm", "-rf", work])
@@ -133,9 +162,15 @@ def make_origin(origin):
         subprocess.run(git + cmd, check=True, capture_output=True)
 
 
-def day(me, origin, env):
+def tokens(path):
+    """Words plus one <eos> per line, as download_wikitext2.sh counts them."""
+    with open(path) as f:
+        return sum(len(line.split()) + 1 for line in f)
+
+
+def day(me, origin, env, mirror):
     # 1. Clone; the environment (torch through PYTHONPATH, as a module gives it).
-    rc, out = me.run(f"git clone -q {shlex.quote(origin)} ~/kit && cd ~/kit && ls kit")
+    rc, out = me.run(f"git clone -q {shlex.quote(origin)} kit && cd kit && ls kit")
     expect(rc == 0, "git clone", out)
 
     # 2. The account and the reservation, once; a reservation that does not exist is refused.
@@ -165,7 +200,7 @@ def day(me, origin, env):
         expect(rc == 0 and "JOBID" in out, "squeue --me", out)
         expect(me.wait(job), f"job {job} ends")
         rc, out = me.run(f"cat ex00-{job}.out; echo ---; cat ex00-{job}.err; echo ---; "
-                         f"sort -s -k2,2n ex00-{job}.out | grep -c '^rank 0 of 1'; ls -d runs/ex00-{job}")
+                         f"sort -s -k2,2n ex00-{job}.out | grep -c '^rank 0: after the barrier 1 of 1 ranks'; ls -d runs/ex00-{job}")
         expect(f"ex00: reservation: {RESERVATION}" in out,
                "the job ran in the reservation, and its .out says so", out)
         expect(re.search(r"---\n4\n", out) and f"runs/ex00-{job}" in out,
@@ -177,13 +212,23 @@ def day(me, origin, env):
     expect(rc == 0 and out.strip(), "./kit hint 00 1", out)
     rc, out = me.run("./kit stage 00 2 && ./kit backups 00")
     expect(rc == 0 and "00-collectives" in out, "./kit stage 00 2 (yours saved: ./kit backups 00)", out)
+    rc, out = me.run("./kit restore 00 && git diff --quiet exercises/00-collectives")
+    expect(rc == 0, "./kit restore 00 brings back the participant's file (here: as shipped)", out)
+    rc, out = me.run("sbatch --hold sbatch/00-collectives/run.sbatch")
+    m = re.search(r"Submitted batch job (\d+)", out)
+    expect(rc == 0 and m, "a job to stop", out)
+    if m:
+        rc, out = me.run(f"scancel {m.group(1)}")
+        expect(rc == 0 and me.wait(m.group(1), 30), "scancel <job id> stops a job", out)
 
-    # 6. Exercise 01's job script, finished, in the reservation; --job-output judges it.
-    rc, out = me.run("./kit stage 01 17 >/dev/null && cmake --build build -j 2 --target "
-                     "ex01-exercise corpus >/dev/null && KIT_DATA_DIR=$HOME/kit/build/data/wikitext-2 "
+    # 6. Exercise 01: the program, the data once, the job in the reservation, --job-output.
+    counts = " ".join(str(tokens(os.path.join(mirror, f"wiki.{s}.tokens"))) for s in ("train", "valid", "test"))
+    rc, out = me.run("./kit stage 01 17 >/dev/null && cmake --build build --target ex01-exercise "
+                     f">/dev/null && WIKITEXT2_URL=file://{mirror} WIKITEXT2_EXPECTED_TOKENS='{counts}' "
+                     "common/data/download_wikitext2.sh ~/data/wikitext-2 && "
                      f"sbatch sbatch/01-transformer-lm-ddp/run.sbatch {QUICK}")
     m = re.search(r"Submitted batch job (\d+)", out)
-    expect(rc == 0 and m, "exercise 01, stage 17: sbatch run.sbatch", out[-2000:])
+    expect(rc == 0 and m, "exercise 01, stage 17: build, stage the data, sbatch run.sbatch", out[-2000:])
     if m:
         job = m.group(1)
         expect(me.wait(job, 600), f"job {job} ends")
