@@ -86,9 +86,11 @@ class Participant:
 
 
 def handout_commands():
-    """The commands of exercises/HANDOUT.md: each line of its sh blocks, and the commands quoted
+    """The participant's commands of exercises/HANDOUT.md (before its costs and the instructors'
+    part, whose build cluster.prebuilt tests): each line of its sh blocks, and the commands quoted
     in its "stuck" table; each up to its first <placeholder>, `source` written as `.`."""
     text = open(os.path.join(ROOT, "exercises", "HANDOUT.md"), encoding="utf-8").read()
+    text = text.split("## What it costs", 1)[0]
     lines = [l for b in re.findall(r"```sh\n(.*?)```", text, re.S) for l in b.splitlines()]
     stuck = text.split("## 5. When you are stuck", 1)[1].split("\n## ", 1)[0]
     lines += [c for c in re.findall(r"`([^`]+)`", stuck) if re.match(r"\./kit |scancel|squeue|sbatch", c)]
