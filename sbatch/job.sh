@@ -248,6 +248,7 @@ kit_job_init() {
 kit_show_job() {
   kit_say "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s)" \
     "${SLURM_JOB_NODELIST:-?}, site $KIT_SITE"
+  if [ -n "${SLURM_JOB_RESERVATION:-}" ]; then kit_say "reservation: $SLURM_JOB_RESERVATION"; fi
   kit_say "GPUs per node: $KIT_GPUS_PER_NODE allocated," \
     "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-(unset)}"
   kit_say "rendezvous: MASTER_ADDR=${MASTER_ADDR:-(unset)} MASTER_PORT=${MASTER_PORT:-(unset)}"

@@ -21,7 +21,11 @@
 #include <torch/torch.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers
+#include "kit/models/resnet.h"         // ResNet: the image preset's sizes
+#include "kit/models/transformer_lm.h" // TransformerLM: the LM preset's sizes
+#include "kit/train/args.h"           // parse_args, --preset
 #include "kit/train/clip.h"           // clip_grad_norm_
+#include "kit/train/image_args.h"     // parse_image_args
 #include "kit/train/lr_rule.h"        // scale_lr, warmup_factor
 #include "kit/train/metrics.h"        // Metrics
 #include "kit/sharding/sharding.h"    // ShardLayout, ShardedAdamW, formula_bytes, ring_bytes
@@ -413,3 +417,130 @@ TEST(LoaderWorkersOrder, ASlowFirstBatchIsStillHandedOutFirst) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The GPU presets (--preset gpu): the sizes their comments state (kit/train/args.cpp,
+// image_args.cpp), counted from the models themselves, and flags given with a preset win.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// argv for a parser, from words (the strings outlive the call).
+struct Argv {
+  std::vector<std::string> words;
+  std::vector<char*> ptrs;
+  explicit Argv(std::vector<std::string> w) : words(std::move(w)) {
+    for (auto& s : words) ptrs.push_back(s.data());
+  }
+  int argc() { return static_cast<int>(ptrs.size()); }
+  char** argv() { return ptrs.data(); }
+};
+
+std::string preset_out_dir() {
+  return (std::filesystem::temp_directory_path() / ("kit-presets-" + std::to_string(getpid()))).string();
+}
+
+int64_t numel(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return n;
+}
+
+// Multiply-adds of one 32x32 image's forward through the ResNet, layer by layer: a convolution
+// does k x k x in x out of them per output pixel, the head one per weight. The modules come in
+// registration order; a 3x3 convolution of stride 2 (a stage's first block) halves the image,
+// and its block's 1x1 shortcut works at the halved size too.
+double forward_macs(torch::nn::Module& model) {
+  double macs = 0;
+  int64_t side = 32;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* c = m->as<torch::nn::Conv2d>()) {
+      const auto w = c->weight.sizes();  // [out, in, k, k]
+      if (w[2] == 3 && (*c->options.stride())[0] == 2) side /= 2;
+      macs += static_cast<double>(w[0] * w[1] * w[2] * w[3] * side * side);
+    } else if (auto* l = m->as<torch::nn::Linear>()) {
+      macs += static_cast<double>(l->weight.numel());
+    }
+  }
+  EXPECT_EQ(side, 8);  // the three stages: 32, 16, 8
+  return macs;
+}
+
+}  // namespace
+
+TEST(Presets, LmGpuSizes) {
+  Argv a({"ex01", "--preset", "gpu", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::TrainArgs args = kit::parse_args(a.argc(), a.argv());
+  EXPECT_EQ(args.d_model, 512);
+  EXPECT_EQ(args.layers, 6);
+  EXPECT_EQ(args.batch_size, 64);
+  EXPECT_EQ(args.seq_len, 256);
+  // WikiText-2's vocabulary: 33,278 words.
+  kit::TransformerLM model(kit::lm_options(args, 33278));
+  const double params = static_cast<double>(numel(model->parameters()));
+  EXPECT_NEAR(params / 1e6, 53.0, 0.05);
+  // Weights of matrix products: every 2-D parameter but the embedding (a lookup).
+  double matmul = 0;
+  for (const auto& p : model->named_parameters())
+    if (p.value().dim() == 2 && p.key().rfind("embed", 0) != 0) matmul += static_cast<double>(p.value().numel());
+  EXPECT_NEAR(matmul / 1e6, 35.9, 0.05);
+  // 6 FLOPs per matmul weight and token, plus the attention's 3 x 4 x seq x width per layer.
+  const double per_token = 6 * matmul + 3.0 * 4 * args.seq_len * args.d_model * args.layers;
+  EXPECT_NEAR(per_token / 1e6, 225, 0.5);
+  const double per_step = per_token * static_cast<double>(args.batch_size * args.seq_len);
+  EXPECT_NEAR(per_step / 1e12, 3.7, 0.05);
+  EXPECT_NEAR(4 * params / 1e6, 212, 0.5);  // fp32 gradient bytes all-reduced per step (MB)
+  // The defaults, for comparison: 28 GFLOP per step, 35 MB all-reduced.
+  Argv d({"ex01", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::TrainArgs defaults = kit::parse_args(d.argc(), d.argv());
+  kit::TransformerLM small(kit::lm_options(defaults, 33278));
+  double small_matmul = 0;
+  for (const auto& p : small->named_parameters())
+    if (p.value().dim() == 2 && p.key().rfind("embed", 0) != 0) small_matmul += static_cast<double>(p.value().numel());
+  const double small_token = 6 * small_matmul + 3.0 * 4 * defaults.seq_len * defaults.d_model * defaults.layers;
+  EXPECT_NEAR(small_token * static_cast<double>(defaults.batch_size * defaults.seq_len) / 1e9, 28, 0.5);
+  EXPECT_NEAR(4 * static_cast<double>(numel(small->parameters())) / 1e6, 35, 0.5);
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, ImageGpuSizes) {
+  Argv a({"ex02", "--preset=gpu", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::ImageTrainArgs args = kit::parse_image_args(a.argc(), a.argv());
+  EXPECT_EQ(args.width, 128);
+  EXPECT_EQ(args.blocks, 2);
+  EXPECT_EQ(args.batch_size, 512);
+  EXPECT_EQ(args.workers, 4);
+  kit::ResNet model(kit::ResNetOptions{.width = args.width, .blocks = args.blocks});
+  const double params = static_cast<double>(numel(model->parameters()));
+  EXPECT_NEAR(params / 1e6, 11.1, 0.05);
+  const double macs = forward_macs(*model);
+  EXPECT_NEAR(macs / 1e9, 1.68, 0.005);
+  const double per_step = 2 * 3 * macs * static_cast<double>(args.batch_size);
+  EXPECT_NEAR(per_step / 1e12, 5.2, 0.05);
+  EXPECT_NEAR(4 * params / 1e6, 44.4, 0.05);
+  // The defaults, for comparison: 0.6 GFLOP per step, 80 kB all-reduced.
+  Argv d({"ex02", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::ImageTrainArgs defaults = kit::parse_image_args(d.argc(), d.argv());
+  kit::ResNet small(kit::ResNetOptions{.width = defaults.width, .blocks = defaults.blocks});
+  EXPECT_NEAR(6 * forward_macs(*small) * static_cast<double>(defaults.batch_size) / 1e9, 0.6, 0.05);
+  EXPECT_NEAR(4 * static_cast<double>(numel(small->parameters())) / 1e3, 80, 2);
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, FlagsGivenWithAPresetWinWhereverTheyStand) {
+  for (auto words : {std::vector<std::string>{"ex01", "--preset", "gpu", "--batch-size", "8"},
+                     std::vector<std::string>{"ex01", "--batch-size", "8", "--preset", "gpu"}}) {
+    words.insert(words.end(), {"--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+    Argv a(words);
+    const kit::TrainArgs args = kit::parse_args(a.argc(), a.argv());
+    EXPECT_EQ(args.batch_size, 8);
+    EXPECT_EQ(args.d_model, 512);  // the rest is the preset's
+  }
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, AnUnknownPresetIsOneLineAndExitTwo) {
+  Argv a({"ex01", "--preset", "tpu", "--data-dir", "/nonexistent"});
+  EXPECT_EXIT(kit::parse_args(a.argc(), a.argv()), ::testing::ExitedWithCode(2),
+              "--preset tpu is not a preset \\(known: gpu\\)");
+}

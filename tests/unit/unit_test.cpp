@@ -1082,6 +1082,40 @@ TEST(DeviceFor, SlurmGaveGpusButTheRankSeesNone) {
   EXPECT_EQ(kit::gpus_given_but_unseen(lookup({}), 0), "");
 }
 
+TEST(DeviceFor, CpuBuildInAJobWithGpusIsRefusedUnlessAllowed) {
+  auto lookup = [](const std::map<std::string, std::string>& vars) {
+    return [vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  // Slurm gave the job GPUs here: the CPU build would train on the CPU while they idle.
+  std::map<std::string, std::string> job = {{"SLURM_JOB_ID", "4711"}, {"SLURM_JOB_GPUS", "0,1,2,3"}};
+  std::string why = kit::cpu_build_in_gpu_job(lookup(job), 0);
+  EXPECT_NE(why.find("CPU-only LibTorch"), std::string::npos) << why;
+  EXPECT_NE(why.find("SLURM_JOB_GPUS=0,1,2,3"), std::string::npos) << why;
+  EXPECT_NE(why.find("module spider PyTorch"), std::string::npos) << why;  // no site profile
+  EXPECT_NE(why.find("--allow-cpu"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  // The site profile's modules, where it exported them, are the module to load.
+  job["KIT_MODULES"] = "Stages/2025 GCC OpenMPI PyTorch CMake";
+  why = kit::cpu_build_in_gpu_job(lookup(job), 0);
+  EXPECT_NE(why.find("'module load Stages/2025 GCC OpenMPI PyTorch CMake'"), std::string::npos) << why;
+  // No GRES, but the driver lists GPUs (whole GPU nodes): refused too.
+  why = kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_ID", "4711"}}), 4);
+  EXPECT_NE(why.find("the NVIDIA driver lists 4 GPU(s)"), std::string::npos) << why;
+  // Allowed, a job without GPUs, or no job at all (a laptop, ddprun on a workstation): fine.
+  job["KIT_ALLOW_CPU"] = "1";
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup(job), 4), "");
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_ID", "4711"}, {"SLURM_GPUS_ON_NODE", "0"}}), 0), "");
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_GPUS", "0,1"}}), 4), "");
+  // A value of KIT_ALLOW_CPU that is neither 0 nor 1 is an error, not a silent "no".
+  job["KIT_ALLOW_CPU"] = "yes";
+  EXPECT_THROW(kit::cpu_build_in_gpu_job(lookup(job), 0), kit::SetupError);
+  job["KIT_ALLOW_CPU"] = "0";
+  EXPECT_NE(kit::cpu_build_in_gpu_job(lookup(job), 0), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // DistributedSampler
 // ---------------------------------------------------------------------------------------------

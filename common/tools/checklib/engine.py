@@ -17,7 +17,7 @@ import sys
 import tempfile
 import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
-from . import collectives, stops
+from . import allocation, collectives, runs, stops
 from .build_errors import explain_build, not_judged_note, stages_json
 from .runs import Locked, Run, read
 from .verdicts import CROSS, Verdicts, record
@@ -91,7 +91,7 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
     st = os.stat(solution)
     made_by = read(os.path.join(data, ".made-by.json")) if data else None  # generated_data()
     key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env,
-                      made_by])
+                      made_by, runs.PLACEMENT.gpus if runs.PLACEMENT else None])
     stamp = os.path.join(directory, f"key{name}.json")
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
@@ -161,6 +161,8 @@ def device_check(check, data, explain):
     Judged only where the solution's run works there (LibTorch 2.13+, a model whose kernels the
     fake device has: exercise 02's convolutions it has not)."""
     a, v = check.args, check.verdicts
+    if runs.PLACEMENT and runs.PLACEMENT.gpus:
+        return  # on GPUs with NCCL, NCCL itself refuses a tensor on the wrong device
     directory = a.reference_dir or check.workdir
     if a.reference_dir:
         with Locked(a.reference_dir):
@@ -241,8 +243,12 @@ def main(argv, doc):
         sys.stderr.write("check: --ranks must be at least 2\n")
         return 2
     ranks = a.ranks
+    # Inside a Slurm allocation: one GPU per rank with NCCL, or the CPU and one line saying why.
+    runs.PLACEMENT = allocation.here(a.binary, ranks)
 
     print(f"check {a.exercise}: {a.binary}")
+    if runs.PLACEMENT.line:
+        print(runs.PLACEMENT.line)
     if a.reference_dir:
         with Locked(a.reference_dir):
             data = rules.prepare_data(check, a.reference_dir)

@@ -19,6 +19,9 @@ RUN_TIMEOUT = 300
 # from LD_PRELOAD cannot be preloaded (...): ignored."): the run goes on without it, and does
 # something else than the check asked (a stop of the test hooks that never comes).
 PRELOAD_IGNORED = re.compile(r"object '([^']*)' from LD_PRELOAD cannot be preloaded[^\n]*")
+# Where the runs train inside a Slurm allocation (checklib/allocation.py; set by the engine):
+# the environment they get, and one GPU per rank or None (the CPU).
+PLACEMENT = None
 # Collectives of these tiny runs take milliseconds; a rank that waits this long waits for a rank
 # that will never come (e.g. save0 called on rank 0 only). Long enough for slow process starts.
 COLLECTIVE_TIMEOUT = "30"
@@ -45,6 +48,7 @@ class Run:
             os.makedirs(d)
         env = dict(os.environ, KIT_TRACE_DIR=trace_dir, KIT_TIMEOUT=COLLECTIVE_TIMEOUT,
                    OMP_NUM_THREADS="1")
+        env.update(PLACEMENT.env if PLACEMENT else {})
         env.update(env_extra or {})  # the rules' RUN_ENV may shorten KIT_TIMEOUT, say
         preload = env.get("LD_PRELOAD", "")
         if preload and not os.path.isfile(preload):
@@ -216,6 +220,8 @@ def run_nodes(cmd, env, ranks, log_dir, cwd):
     for r in range(ranks):
         e = dict(env, RANK=str(r), LOCAL_RANK="0", WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE="1",
                  GROUP_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if PLACEMENT and PLACEMENT.gpus:  # a node of its own: it sees its own GPU alone
+            e["CUDA_VISIBLE_DEVICES"] = PLACEMENT.gpus[r]
         log = open(os.path.join(log_dir, f"rank{r}.log"), "w")
         procs.append((subprocess.Popen(cmd, env=e, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True), log))
