@@ -381,6 +381,25 @@ class CopyStream {
 #endif
 };
 
+// 15. A Kineto event's times (kit/perf/profiler.cpp): PyTorch's PR 123650 (2024) gave
+// KinetoEvent startNs(), endNs() and durationNs(); 2.2's has startUs() and durationUs() only
+// (checked in its profiler_kineto.h). Chosen by whether the member exists, not by the version.
+template <class Event>
+uint64_t event_start_ns(const Event& e) {
+  if constexpr (requires { e.startNs(); }) return e.startNs();
+  else return static_cast<uint64_t>(e.startUs()) * 1000;
+}
+template <class Event>
+uint64_t event_duration_ns(const Event& e) {
+  if constexpr (requires { e.durationNs(); }) return e.durationNs();
+  else return static_cast<uint64_t>(e.durationUs()) * 1000;
+}
+template <class Event>
+uint64_t event_end_ns(const Event& e) {
+  if constexpr (requires { e.endNs(); }) return e.endNs();
+  else return event_start_ns(e) + event_duration_ns(e);
+}
+
 }  // namespace kit::compat
 
 namespace kit {

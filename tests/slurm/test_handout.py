@@ -32,6 +32,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,7 @@ def main():
     if rc != 0:
         print("FAIL the test cluster did not start")
         return 1
+    opened = open_ancestors(site, build, ROOT)
     try:
         conf = os.path.join(cluster, "slurm.conf")
         for p in (cluster, conf, os.path.join(cluster, "gres.conf"), os.path.join(cluster, "cgroup.conf")):
@@ -153,7 +155,26 @@ def main():
     finally:
         subprocess.run([CLUSTER_SH, "stop", cluster])
         subprocess.run(["rm", "-rf", work])
+        for folder, mode in reversed(opened):
+            os.chmod(folder, mode)
     return finish()
+
+
+def open_ancestors(*paths):
+    """On a cluster the site's module tree and the instructor's prebuilt folder can be reached by
+    every user. Here they lie in this checkout, which CI clones below a `mktemp -d` folder (mode
+    700): each folder above them that others cannot pass through gets o+x (pass through, not
+    list) for the test; [(folder, old mode)] for main() to put back."""
+    opened = []
+    for path in paths:
+        folder = os.path.abspath(path)
+        while folder != "/":
+            mode = stat.S_IMODE(os.stat(folder).st_mode)
+            if not mode & stat.S_IXOTH and folder not in [f for f, _ in opened]:
+                os.chmod(folder, mode | stat.S_IXOTH)
+                opened.append((folder, mode))
+            folder = os.path.dirname(folder)
+    return opened
 
 
 def make_origin(origin):

@@ -1,6 +1,8 @@
 // kit/perf/profiler.cpp — StepProfiler (see profiler.h).
 #include "kit/perf/profiler.h"
 
+#include "kit/compat.h"
+
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
@@ -55,7 +57,7 @@ std::vector<Row> cpu_table(const std::vector<KinetoEvent>& events, uint64_t* wal
   for (size_t i = 0; i < events.size(); ++i) {
     const KinetoEvent& e = events[i];
     if (e.deviceType() != c10::DeviceType::CPU || e.isAsync()) continue;
-    threads[e.startThreadId()].push_back({i, e.startNs(), e.endNs()});
+    threads[e.startThreadId()].push_back({i, compat::event_start_ns(e), compat::event_end_ns(e)});
   }
   std::map<std::string, Row> rows;
   uint64_t first = UINT64_MAX, last = 0;
@@ -97,8 +99,8 @@ std::vector<Row> gpu_table(const std::vector<KinetoEvent>& events) {
     Row& r = rows[e.name()];
     r.name = e.name();
     r.calls += 1;
-    r.self_ns += e.durationNs();
-    r.total_ns += e.durationNs();
+    r.self_ns += compat::event_duration_ns(e);
+    r.total_ns += compat::event_duration_ns(e);
   }
   std::vector<Row> out;
   for (auto& [name, r] : rows) out.push_back(r);
