@@ -34,20 +34,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "splitmix.h"  // Rng
 
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {  // splitmix64
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-};
+namespace {
 
 // NERSC's 20 channels (FourCastNet's order), with an offset and a spread of each variable's order.
 struct Variable {
