@@ -165,7 +165,7 @@ def ranks():
 
 def ddp_steps():
     cols = [("① broadcast", "rank 0's", "weights"), ("② own batch", "a slice", "per rank"),
-            ("③ forward", "loss of", "own batch"), ("④ backward", "own", "gradients"),
+            ("③ forward", "buffers,", "then loss"), ("④ backward", "own", "gradients"),
             ("⑤ all-reduce", "average", "gradients"), ("⑥ step", "same", "update")]
     svg = Svg(1180, 440, "DDP: one training step on four ranks")
     x0, cw, y0, lh = 110, 176, 90, 78
@@ -189,8 +189,8 @@ def ddp_steps():
         svg.rect(x, y0, cw - 20, 4 * lh - 16, fill=SUM, stroke=INK, rx=10)
         svg.text(x + (cw - 20) / 2, y0 + 2 * lh - 2, label, size=19, fill="white", weight="bold")
         svg.arrow(x + cw - 20, y0 + 2 * lh - 8, x + cw - 2, y0 + 2 * lh - 8, sw=1.5)
-    svg.text(300, 420, "① once, when DDP wraps the model", size=16, fill=MUTED)
-    svg.text(800, 420, "②–⑥ every step, and all ranks stay identical", size=16, fill=MUTED)
+    svg.text(300, 420, "① weights once, when DDP wraps the model", size=16, fill=MUTED)
+    svg.text(800, 420, "②–⑥ every step (③ broadcasts the buffers first)", size=16, fill=MUTED)
     return [("ddp-steps.svg", svg)]
 
 

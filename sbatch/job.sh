@@ -2,7 +2,7 @@
 # sbatch/job.sh: the checks and settings that every job script of the kit shares. The job
 # scripts (sbatch/<exercise>/*.sbatch) source it; it is not a program of its own.
 #
-#   kit_job_init NAME [--no-data | --cifar10]
+#   kit_job_init NAME [--no-data | --cifar10 | --era5]
 #                       checks the job and sets the KIT_* variables below, or stops the job with
 #                       one line on stderr (in the job's %x-%j.err file) saying what to do:
 #                         * the site profile KIT_SITE does not exist;
@@ -10,6 +10,8 @@
 #                         * the data is not staged (compute nodes have no internet); not
 #                           checked with --no-data, for a program that reads none (exercise 00);
 #                           with --cifar10, CIFAR-10's six binary files instead of WikiText-2;
+#                           with --era5, the weather fields of exercise 06 (train/, valid/ and
+#                           stats/ in NERSC's layout, common/kit/data/era5.h);
 #                         * the job has no GPU, or more tasks per node were requested than GPUs;
 #                         * fewer CPUs than tasks on a node.
 #                       Then it runs the site profile's kit_site_env (modules, network settings).
@@ -28,7 +30,8 @@
 #   KIT_PROGRAM        the trainer: $KIT_BUILD/bin/NAME (or $KIT_PROGRAM as given by you)
 #   KIT_DATA           the data folder: $KIT_DATA_DIR, else $WIKITEXT2_DIR, else
 #                      $HOME/data/wikitext-2 (the download script's default); with --cifar10
-#                      $KIT_DATA_DIR, else $CIFAR10_DIR, else $HOME/data/cifar-10
+#                      $KIT_DATA_DIR, else $CIFAR10_DIR, else $HOME/data/cifar-10; with --era5
+#                      $KIT_DATA_DIR, else $ERA5_DIR, else $HOME/data/era5
 #   KIT_OUT            where the trainer writes metrics.csv and the models:
 #                      $KIT_OUT_DIR, else runs/<job name>-<job id> in the folder you submitted from
 #   KIT_GPUS_PER_NODE  the GPUs this job has on each node (from --gres)
@@ -140,11 +143,12 @@ kit_run_site_env() {
 }
 
 kit_job_init() {
-  local name=$1 needs_data=1 cifar10=0
+  local name=$1 needs_data=1 cifar10=0 era5=0
   case ${2:-} in
     '') ;;
     --no-data) needs_data=0 ;;
     --cifar10) cifar10=1 ;;  # exercise 02's data, CIFAR-10's binary files
+    --era5) era5=1 ;;        # exercise 06's data, weather fields in NERSC's HDF5 layout
     *) kit_die "kit_job_init: unknown option '$2' (the job script is broken)" ;;
   esac
   KIT_JOB_NAME=${SLURM_JOB_NAME:-$name}
@@ -183,6 +187,16 @@ kit_job_init() {
         kit_die "the data is not staged: $KIT_DATA/$split.bin is missing; compute nodes have" \
           "no internet, so on the login node run" \
           "'$KIT_ROOT/common/data/download_cifar10.sh $KIT_DATA' (or set KIT_DATA_DIR)"
+    done
+  fi
+  if [ "$era5" = 1 ]; then
+    needs_data=0
+    KIT_DATA=${KIT_DATA_DIR:-${ERA5_DIR:-${HOME:-}/data/era5}}
+    for split in train valid stats/global_means.npy stats/global_stds.npy; do
+      [ -e "$KIT_DATA/$split" ] ||
+        kit_die "the data is not staged: $KIT_DATA/$split is missing: point KIT_DATA_DIR at" \
+          "NERSC's course data (train/, valid/, stats/; where to get it: exercise 06's page)" \
+          "or at fields made with '$KIT_BUILD/bin/make_weather --out DIR'"
     done
   fi
   for split in train valid test; do
@@ -234,6 +248,7 @@ kit_job_init() {
 kit_show_job() {
   kit_say "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s)" \
     "${SLURM_JOB_NODELIST:-?}, site $KIT_SITE"
+  if [ -n "${SLURM_JOB_RESERVATION:-}" ]; then kit_say "reservation: $SLURM_JOB_RESERVATION"; fi
   kit_say "GPUs per node: $KIT_GPUS_PER_NODE allocated," \
     "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-(unset)}"
   kit_say "rendezvous: MASTER_ADDR=${MASTER_ADDR:-(unset)} MASTER_PORT=${MASTER_PORT:-(unset)}"

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "kit/ddp/ddp.h"                // DistributedDataParallel: stage 0
+#include "kit/train/clip.h"             // clip_grad_norm_: stage 0's --clip-grad
 #include "kit/train/memory.h"           // Account: each rank's live tensor bytes
 #include "kit/runtime/process_group.h"  // local_groups, CommStats
 #include "kit/sharding/sharding.h"      // HeldBytes, bytes_of
@@ -35,7 +36,7 @@ inline torch::optim::AdamWOptions adamw() {
 struct Setup {
   kit::TransformerLMOptions model;
   int64_t global_batch = 8, steps = 4;
-  double max_grad_norm = 0;  // > 0: gradients clipped to this global norm (DDP: clip_grad_norm_)
+  double max_grad_norm = 0;  // > 0: gradients clipped to this global norm (DDP: kit::clip_grad_norm_)
   bool recompute = false;    // stage 3: FullyShardedOptions::recompute
   // Set: the learning rate of step k (0-based), set before it (DDP: torch's param groups'
   // set_lr; ZeRO: set_lr()). Unset: adamw()'s, constant.
@@ -138,10 +139,11 @@ inline std::vector<RankRun> train(const Setup& s, int stage, int n,
       auto logits = zero3 ? zero3->forward(input) : ddp ? ddp->forward(input) : models[r]->forward(input);
       auto loss = kit::lm_loss(logits, target);
       loss.backward();
-      // Under DDP backward returns once every average is in: each rank clips the same gradient.
+      // Under DDP backward returns once every average is in: each rank clips the same gradient
+      // (as the trainers do, with the norm left on the device; read here for the record).
       if (torch_adamw && s.max_grad_norm > 0)
         runs[r].grad_norms.push_back(
-            torch::nn::utils::clip_grad_norm_(models[r]->parameters(), s.max_grad_norm));
+            kit::clip_grad_norm_(models[r]->parameters(), s.max_grad_norm).item<double>());
       if (torch_adamw) torch_adamw->step();
       if (zero) zero->step();
       if (zero3) zero3->step();

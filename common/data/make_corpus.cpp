@@ -26,24 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "splitmix.h"  // Rng
+
 namespace {
 
 // --- Random numbers -------------------------------------------------------------------------------
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {  // splitmix64
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // 0 <= result < n. The modulo bias is far too small to matter for a toy corpus.
-  uint64_t below(uint64_t n) { return next() % n; }
-  int between(int lo, int hi) { return lo + static_cast<int>(below(hi - lo + 1)); }  // inclusive
-  bool percent(int p) { return below(100) < static_cast<uint64_t>(p); }
-};
 
 // An independent stream for each use of the seed (lexicon, train, valid, test).
 uint64_t derive_seed(uint64_t seed, uint64_t stream) {

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "splitmix.h"  // Rng
+
 namespace {
 
 constexpr int kSide = 32;
@@ -35,19 +37,6 @@ constexpr int kPlane = kSide * kSide;
 constexpr int kRecord = 1 + 3 * kPlane;  // 3073 bytes, as in CIFAR-10
 constexpr int kClasses = 10;
 constexpr int kTrainFiles = 5;
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {  // splitmix64
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-  int between(int lo, int hi) { return lo + below(hi - lo + 1); }  // inclusive
-};
 
 // Each class's colour (RGB) and pattern; the names go to batches.meta.txt.
 struct ClassLook {

@@ -18,6 +18,9 @@
 //      Context::setTimeout() inline, which the declarations cover.
 //   6. GPU memory figures and the GPU's PCI address (for NVML) exist only in a CUDA build; a
 //      CPU build answers "not known" (-1, "").
+//  10-13. one device fast (kit/perf/, kit/data/device_batches.h): autocast's calls, the CPU
+//      kernel of the fused AdamW step, a GPU's compute capability, copies on a side stream (at
+//      the end of this file).
 #pragma once
 
 #include <torch/version.h>
@@ -32,9 +35,14 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
+#include <ATen/autocast_mode.h>
 
+#include <atomic>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #if TORCH_VERSION_MAJOR < 2
@@ -234,6 +242,14 @@ inline std::unique_ptr<GpuEvent> record_gpu_event([[maybe_unused]] const c10::De
   return nullptr;
 #endif
 }
+// Whether the device has passed mark `e` (asks, never waits); true in a CPU build.
+inline bool gpu_event_done([[maybe_unused]] const GpuEvent& e) {
+#if defined(KIT_HAVE_NCCL)
+  return e.query();
+#else
+  return true;
+#endif
+}
 inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] const GpuEvent& b) {
 #if defined(KIT_HAVE_NCCL)
   b.synchronize();
@@ -241,6 +257,147 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
 #else
   return 0;
 #endif
+}
+
+// 10. Host synchronisations on a GPU (kit/runtime/device_check.h: count_host_syncs()). CUDA's
+// sync debug mode (torch.cuda.set_sync_debug_mode("warn")) makes every synchronising call of
+// c10's (stream synchronisation, blocking copies, item()) warn "called a synchronizing CUDA
+// operation"; a c10::WarningHandler counts those warnings, and passes any other on to the handler
+// it replaced. c10 keeps one handler per thread: it is installed on the calling thread, which also
+// sees the warnings of the backward passes it runs (autograd replays them there when backward
+// ends). Written against the headers of 2.13 (c10/cuda/CUDAFunctions.h, c10/util/Exception.h);
+// ./kit cuda-build compiles it against 2.14.1, no GPU has run it yet. A CPU build has no CUDA and
+// counts none here.
+#if defined(KIT_HAVE_NCCL)
+struct SyncWarningCounter final : c10::WarningHandler {
+  c10::WarningHandler* next = nullptr;
+  std::atomic<int64_t> count{0};
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("called a synchronizing CUDA operation") != std::string::npos) ++count;
+    else if (next) next->process(warning);
+  }
+};
+inline SyncWarningCounter& sync_warning_counter() {
+  static SyncWarningCounter counter;
+  return counter;
+}
+inline void count_cuda_syncs() {
+  SyncWarningCounter& counter = sync_warning_counter();
+  if (c10::WarningUtils::get_warning_handler() != &counter) {
+    counter.next = c10::WarningUtils::get_warning_handler();
+    c10::WarningUtils::set_warning_handler(&counter);
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+}
+inline int64_t cuda_syncs() { return sync_warning_counter().count.load(); }
+#else
+inline void count_cuda_syncs() {}
+inline int64_t cuda_syncs() { return 0; }
+#endif
+
+// 11. Autocast's C++ calls take the device type from 2.4 on (at::autocast::
+// is_autocast_enabled(at::kCPU), PyTorch's PR 124359); 2.2 and 2.3 have one function per device
+// (is_cpu_enabled(), set_autocast_cpu_dtype(), and is_enabled() for CUDA). CPU and CUDA only:
+// kit/perf/amp.h refuses the rest.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocast_enabled(c10::DeviceType t) { return at::autocast::is_autocast_enabled(t); }
+inline void set_autocast_enabled(c10::DeviceType t, bool on) { at::autocast::set_autocast_enabled(t, on); }
+inline at::ScalarType autocast_dtype(c10::DeviceType t) { return at::autocast::get_autocast_dtype(t); }
+inline void set_autocast_dtype(c10::DeviceType t, at::ScalarType d) { at::autocast::set_autocast_dtype(t, d); }
+#else
+inline bool autocast_enabled(c10::DeviceType t) {
+  return t == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+inline void set_autocast_enabled(c10::DeviceType t, bool on) {
+  if (t == c10::kCPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType t) {
+  return t == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+inline void set_autocast_dtype(c10::DeviceType t, at::ScalarType d) {
+  if (t == c10::kCPU) at::autocast::set_autocast_cpu_dtype(d);
+  else at::autocast::set_autocast_gpu_dtype(d);
+}
+#endif
+
+// 12. at::_fused_adamw_ (torch.optim.AdamW(fused=True)) has a CUDA kernel in every supported
+// release and a CPU kernel from 2.4 on (PyTorch's PR 123074); before, kit::FusedAdamW refuses CPU
+// parameters with one line instead of ATen's "not implemented" error.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+constexpr bool kCpuFusedAdamW = true;
+#else
+constexpr bool kCpuFusedAdamW = false;
+#endif
+
+// 13. GPU `index`'s compute capability as major * 10 + minor (80 for an A100, 90 for an H100):
+// bf16 and TF32 need 80 or more. -1 in a CPU build.
+inline int cuda_capability([[maybe_unused]] int index) {
+#if defined(KIT_HAVE_NCCL)
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+  return p->major * 10 + p->minor;
+#else
+  return -1;
+#endif
+}
+
+// 14. A stream of its own for host-to-GPU copies (kit/data/device_batches.cpp), so that the next
+// batch travels while the current stream's kernels compute: copy() starts a non_blocking copy on
+// it (from pinned memory the host does not wait), hand_over() makes the current stream wait for
+// the copy and tells the caching allocator that the tensor is used there. In a CPU build (or for
+// a CPU device) copy() is Tensor::to and hand_over() does nothing.
+class CopyStream {
+ public:
+  explicit CopyStream(c10::Device device) : device_(device) {
+#if defined(KIT_HAVE_NCCL)
+    if (device.is_cuda()) stream_.emplace(c10::cuda::getStreamFromPool(false, device.index()));
+#endif
+  }
+  at::Tensor copy(const at::Tensor& host) {
+#if defined(KIT_HAVE_NCCL)
+    if (stream_) {
+      c10::cuda::CUDAStreamGuard guard(*stream_);
+      return host.to(device_, /*non_blocking=*/true);
+    }
+#endif
+    return host.to(device_);
+  }
+  void hand_over([[maybe_unused]] at::Tensor& t) {
+#if defined(KIT_HAVE_NCCL)
+    if (stream_) {
+      auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+      at::cuda::CUDAEvent copied;
+      copied.record(*stream_);
+      copied.block(current);
+      t.record_stream(current);
+    }
+#endif
+  }
+
+ private:
+  c10::Device device_;
+#if defined(KIT_HAVE_NCCL)
+  std::optional<c10::cuda::CUDAStream> stream_;
+#endif
+};
+
+// 15. A Kineto event's times (kit/perf/profiler.cpp): PyTorch's PR 123650 (2024) gave
+// KinetoEvent startNs(), endNs() and durationNs(); 2.2's has startUs() and durationUs() only
+// (checked in its profiler_kineto.h). Chosen by whether the member exists, not by the version.
+template <class Event>
+uint64_t event_start_ns(const Event& e) {
+  if constexpr (requires { e.startNs(); }) return e.startNs();
+  else return static_cast<uint64_t>(e.startUs()) * 1000;
+}
+template <class Event>
+uint64_t event_duration_ns(const Event& e) {
+  if constexpr (requires { e.durationNs(); }) return e.durationNs();
+  else return static_cast<uint64_t>(e.durationUs()) * 1000;
+}
+template <class Event>
+uint64_t event_end_ns(const Event& e) {
+  if constexpr (requires { e.endNs(); }) return e.endNs();
+  else return event_start_ns(e) + event_duration_ns(e);
 }
 
 }  // namespace kit::compat

@@ -128,22 +128,26 @@ def page_head(fx):
     job_labels = [l for l in fx["labels"] if l not in trainer_labels]
     target = info["target"]
     first = fx["labels"][0] if fx["labels"] else "1"
+    # info.toml's [check] one_process = true: an exercise of one process on one device
+    # (its rules' SINGLE_PROCESS), which the check runs with each TODO's flag instead of on ranks.
+    runs = ("run it with each TODO's flag" if info.get("check", {}).get("one_process")
+            else "run it on several ranks")
     out += ["", "## Commands", "", "```sh",
-            f"./kit check {short}                 # build yours, run it on several ranks, judge "
+            f"./kit check {short}                 # build yours, {runs}, judge "
             f"every TODO" + (f" ({todo_range(trainer_labels)})" if trainer_labels else "")]
     if "job" in info.get("check", {}) and job_labels:
         out.append(f"./kit check {short} --job           # your job script (TODOs "
                    f"{todo_range(job_labels)}) on this machine's test Slurm (root)")
         out.append(f"./kit check {short} --job-output .  # the job you submitted on a cluster, "
                    f"from its .out and runs/")
-    out += [f"./kit hint {short} {first}                # a nudge for one TODO, not the answer",
+    out += [f"./kit check {short} --keep          # the same, and keep every run's folder and "
+            f"logs (it prints where)",
+            f"./kit hint {short} {first}                # a nudge for one TODO, not the answer",
             f"./kit diff {short}                  # your files against the next stage",
             f"./kit watch {short}                 # check again each time you save",
             f"cmake --build build --target {target}-exercise   # build it alone: "
             f"build/bin/{target}-exercise",
-            "```", "",
-            f"The check's rules: [`common/tools/rules/{target}.py`]"
-            f"({rel(f'common/tools/rules/{target}.py', here)}); what it judges is below.", ""]
+            "```", "", "What the check judges is below.", ""]
     decks = ", ".join(f"[`{d}`]({rel(d, here)})" for d in info["decks"])
     out.append(f"**Deck{'s' if len(info['decks']) > 1 else ''}:** {decks}")
     if fx["job"]:

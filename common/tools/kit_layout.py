@@ -44,29 +44,34 @@ FOLDERS = {
     "runtime": "the processes and their group: the rank environment, `setup()`, the process "
                "group over Gloo or NCCL and its subgroups, the collectives, `print0`/`save0`, the device rule, "
                "files written atomically",
-    "data": "datasets (WikiText, CIFAR-10), `DistributedSampler`, the `DataLoader` and its "
-            "worker threads",
-    "models": "the Transformer LM and the ResNet, plain `torch::nn` modules",
+    "data": "datasets (WikiText, CIFAR-10, ERA5-style weather fields in HDF5), "
+            "`DistributedSampler`, the `DataLoader`, its worker threads and the batches copied "
+            "ahead to the device",
+    "models": "the Transformer LM, the ResNet and the weather ViT, plain `torch::nn` modules",
+    "perf": "one device fast: autocast and TF32, the gradient scaler, the fused AdamW step, the "
+            "Kineto profiler",
     "ddp": "`DistributedDataParallel`: buckets, gradient averaging overlapped with backward, "
            "one owner per parameter",
     "sharding": "ZeRO-1/2 (`ZeroOptimizer`), ZeRO-3 (`FullyShardedModel`), the shard layout, "
-                "sharded AdamW, clipping a sharded gradient",
+                "sharded AdamW, clipping a sharded gradient, the weights and gradients as flat buffers "
+                "(`FlatParameters`)",
     "parallel": "tensor and context parallelism, Megatron-style: the dp x cp x tp `Mesh` and its "
                 "groups, the autograd operators that communicate (`copy_to`, `reduce_from`, ...), "
                 "the column- and row-parallel layers, attention with its heads split over tp and "
                 "its keys and values gathered over cp, the parallel Transformer LM, dropout's two "
                 "random streams",
-    "train": "what every trainer needs around the model: flags, LR rules, metrics and the "
-             "scaling study's summary, checkpoints (sharded ones too), memory counting",
+    "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
+             "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
+             "counting",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }
 
 # The order of the parts: a folder includes only folders of a lower layer (and its own). Peers on
-# one layer (data, models) include neither the other.
+# one layer (data, models, perf) include none of the others.
 # parallel/ sits beside sharding/ (peers: neither includes the other): both split the training
 # over ranks, above ddp/ (whose DDP runs on a mesh's dp group) and below train/.
-LAYERS = {"runtime": 0, "data": 1, "models": 1, "ddp": 2, "sharding": 3, "parallel": 3,
+LAYERS = {"runtime": 0, "data": 1, "models": 1, "perf": 1, "ddp": 2, "sharding": 3, "parallel": 3,
           "train": 4}
 SEAM = "check/observe.h"          # includable from every folder
 SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's types

@@ -14,9 +14,9 @@
 #include "kit/data/data_loader.h"  // DataLoader, Distributed(Eval)Sampler, LoaderOptions: batches
 #include "kit/train/image_args.h"  // ImageTrainArgs, parse_image_args(): the command-line flags
 #include "kit/train/lr_rule.h"     // scale_lr(), warmup_factor(): the learning rate
-#include "kit/train/metrics.h"     // Metrics: metrics.csv and progress lines; device_model()
+#include "kit/train/metrics.h"     // Metrics: metrics.csv, progress lines, the step time; device_model()
 #include "kit/models/resnet.h"     // ResNet, running_statistics(): the model
-#include "kit/train/summary.h"     // StepTimer, append_summary(): the scaling study's CSV row
+#include "kit/train/summary.h"     // append_summary(): the scaling study's CSV row
 // TODO 1: Include kit/runtime/distributed.h and kit/ddp/ddp.h, as in exercise 01.
 
 using Loader = kit::DataLoader<kit::Cifar10Dataset>;
@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
   kit::Cifar10Dataset test_data =
       kit::load_cifar10(args.data_dir, kit::Cifar10Split::test, args.test_images);
   if (args.augment) train_data.set_augment(args.seed);
-  const kit::LoaderOptions loading{.workers = args.workers, .prefetch = 2};
+  // Pinned batches: the copies to the GPU below are non_blocking (kit/data/data_loader.h).
+  const kit::LoaderOptions loading{.workers = args.workers, .prefetch = 2, .pin_memory = true};
 
   // TODO 4: A kit::DistributedSampler for the training set: it shuffles with args.seed (the same
   //         seed on every rank). For the test set a kit::DistributedEvalSampler: every image once, in
@@ -97,7 +98,6 @@ int main(int argc, char** argv) {
   const double lr = args.lr;
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   kit::Metrics metrics(args.out_dir, batch, device);
-  kit::StepTimer timer;
   const auto start = std::chrono::steady_clock::now();
   double best_acc = -1, time_to_target = -1, test_loss = 0, test_acc = 0;
   int64_t step = 0;
@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
       optimizer.zero_grad();
       // Gradient accumulation: the batch in micro-batches; their gradients add up in .grad,
       // each scaled by 1/K so that the sum is the mean over the whole batch.
-      auto inputs = b.input.to(device).chunk(args.accum_steps);
-      auto targets = b.target.to(device).chunk(args.accum_steps);
+      auto inputs = b.input.to(device, /*non_blocking=*/true).chunk(args.accum_steps);
+      auto targets = b.target.to(device, /*non_blocking=*/true).chunk(args.accum_steps);
       const size_t micro = inputs.size();
       auto step_loss = torch::zeros({}, torch::TensorOptions().device(device));
       for (size_t k = 0; k < micro; ++k) {
@@ -136,8 +136,7 @@ int main(int argc, char** argv) {
       optimizer.step();
       total += step_loss;
       ++steps, ++step;
-      metrics.step(epoch, step_loss, steps);
-      timer.lap();
+      metrics.step(epoch, step_loss, steps);  // reads no loss: the GPU is not waited for
       if (steps == args.max_steps) break;
     }
     auto train_loss = total / static_cast<double>(steps);
@@ -174,8 +173,9 @@ int main(int argc, char** argv) {
                          .nodes = kit::node_count(), .batch_per_rank = batch,
                          .global_batch = batch * world_size, .accum_steps = args.accum_steps,
                          .workers = args.workers, .steps = step,
-                         .step_time_s = timer.median_seconds(), .test_loss = test_loss,
-                         .test_acc = test_acc, .time_to_target_s = time_to_target,
+                         .step_time_s = metrics.step_timer().median_seconds(),
+                         .test_loss = test_loss, .test_acc = test_acc,
+                         .time_to_target_s = time_to_target,
                          .device = kit::device_model(device)});
   }
   // TODO 12: Leave the job cleanly with kit::destroy_process_group().

@@ -35,8 +35,10 @@ esac
 [ -n "${SBATCH_PARTITION:-}" ] && export SBATCH_PARTITION
 if [ -n "$SBATCH_ACCOUNT" ]; then export SBATCH_ACCOUNT; else unset SBATCH_ACCOUNT; fi
 # PyTorch brings LibTorch (CMake finds it with the prefix path of the top-level CMakeLists.txt),
-# CUDA, cuDNN and NCCL; GCC and OpenMPI are its toolchain.
+# CUDA, cuDNN and NCCL; GCC and OpenMPI are its toolchain. Exported: ./kit and a trainer built
+# against a CPU-only torch name these modules when they stop for want of them.
 : "${KIT_MODULES:=Stages/2025 GCC OpenMPI PyTorch CMake}"
+export KIT_MODULES
 
 kit_site_env() {
   # shellcheck disable=SC2086  # a list of module names

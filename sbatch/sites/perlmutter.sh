@@ -29,7 +29,9 @@ kit_saved_site || :
 : "${SBATCH_QOS:=regular}"
 export SBATCH_CONSTRAINT SBATCH_QOS
 # NERSC's pytorch module brings LibTorch with CUDA and NCCL (and NCCL's Slingshot plugin).
+# Exported: ./kit and a CPU-only build in a GPU job name these modules when they stop.
 : "${KIT_MODULES:=pytorch cmake}"
+export KIT_MODULES
 
 kit_site_env() {
   # shellcheck disable=SC2086  # a list of module names

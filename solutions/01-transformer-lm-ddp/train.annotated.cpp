@@ -16,6 +16,7 @@
 #include "kit/train/checkpoint.h"       // Checkpoints, TrainState: save, resume, stop before the time limit
 #include "kit/data/data_loader.h"       // DataLoader, DistributedSampler, DistributedEvalSampler: batches
 #include "kit/train/metrics.h"          // Metrics: metrics.csv, progress lines, per-rank reports
+#include "kit/train/clip.h"             // clip_grad_norm_(): --clip-grad, the norm left on the device
 #include "kit/models/transformer_lm.h"  // TransformerLM, lm_loss(): the model and its loss
 #include "kit/data/wikitext.h"          // load_wikitext2(), LanguageModelDataset: the data
 //@ todo 1
@@ -50,13 +51,18 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Forward& forward,
   const auto steps_per_epoch = static_cast<int64_t>(
       max_steps > 0 ? std::min<size_t>(loader.size(), max_steps) : loader.size());
   for (kit::Batch batch : loader.from(first)) {
-    auto input = batch.input.to(device), target = batch.target.to(device);
+    // The loader pinned the batch (main()): non_blocking queues the copy behind the GPU's work,
+    // and the host goes on queueing this step instead of waiting for it.
+    auto input = batch.input.to(device, /*non_blocking=*/true);
+    auto target = batch.target.to(device, /*non_blocking=*/true);
     optimizer.zero_grad();
     auto loss = kit::lm_loss(forward(input), target);
     loss.backward();
     // --clip-grad: the gradient's global L2 norm at most clip_grad. Under DDP backward returns
     // only when every bucket's average has arrived, so every rank clips the same gradient alike.
-    if (clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip_grad);
+    // The kit's clip_grad_norm_ (Python's torch.nn.utils.clip_grad_norm_): LibTorch's C++ one
+    // returns the norm as a host double, so the host would wait there for the GPU every step.
+    if (clip_grad > 0) kit::clip_grad_norm_(model->parameters(), clip_grad);
     optimizer.step();
     total += loss.detach();
     state.epoch_loss_sum = total;
@@ -145,12 +151,14 @@ int main(int argc, char** argv) {
   kit::DistributedEvalSampler val_sampler(val_data);
   kit::DistributedEvalSampler test_sampler(test_data);
   //@ end
+  // Training batches in pinned memory, for the non_blocking copy of train_one_epoch (on a GPU).
+  const kit::LoaderOptions pinned{.pin_memory = true};
   //@ todo 5
   //@ | Hand train_sampler to the training loader in place of shuffle=true: the sampler does
   //@ | the shuffling now, per epoch and consistently across ranks.
-  Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);
+  Loader train_loader(train_data, args.batch_size, /*shuffle=*/true, pinned);
   //@ solution
-  Loader train_loader(train_data, args.batch_size, train_sampler);
+  Loader train_loader(train_data, args.batch_size, train_sampler, pinned);
   //@ end
   //@ todo 6
   //@ | Hand val_sampler to the validation loader.

@@ -9,11 +9,13 @@
 //   --zero-stage 2  the gradients are reduce-scattered: each rank keeps only its shard of them;
 //   --zero-stage 3  even the weights stay sharded: each Transformer block is all-gathered just
 //                   for its forward and again for its backward, then freed.
-// --zero-stage 0 (the default) is DDP. The TODOs are ZeRO's decisions, one stage at a time: what
-// each stage shards, where its collectives go, what a unit is, what a checkpoint holds. The kit
-// does the work (kit/sharding/zero.h, kit/sharding/zero3.h), and the C++ wiring around the TODOs is
-// given. The losses must stay DDP's, and the bytes each rank holds, and its peak in a step, must
-// shrink as the formula says (`./kit check 03`).
+// --zero-stage 0 (the default) is DDP. The TODOs are ZeRO's decisions, one stage at a time: the
+// bytes each stage should leave a rank (your formula, printed beside what the rank holds), ZeRO-1's
+// step written by you with the kit's collectives on the model's weights and gradients as flat
+// buffers (kit/sharding/flat.h), which buffer ZeRO-2 frees and when, what a unit is for ZeRO-3
+// (kit/sharding/zero3.h does its machinery), what a checkpoint holds. The C++ wiring around the
+// TODOs is given. The losses must stay DDP's, every step's weights too, and the bytes each rank
+// holds, and its peak in a step, must shrink as the formula says (`./kit check 03`).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,26 +27,33 @@
 #include <torch/torch.h>          // tensors, autograd, optimizers
 
 #include "kit/train/args.h"                // TrainArgs, parse_args(), take_flag(), flag_int(): the flags
+#include "kit/train/lr_rule.h"             // scale_lr(), warmup_factor(): exercise 02's learning rate
 #include "kit/train/checkpoint.h"          // Checkpoints, TrainState: save, resume, stop before the time limit
+#include "kit/train/clip.h"                // clip_grad_norm_(): --clip-grad under DDP, the norm left on the device
 #include "kit/data/data_loader.h"          // DataLoader (and DistributedSampler): batches of samples
 #include "kit/ddp/ddp.h"                   // DistributedDataParallel: stage 0
 #include "kit/runtime/distributed.h"       // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 #include "kit/train/memory.h"              // the peak of live tensor bytes in a step (a counting allocator)
 #include "kit/train/metrics.h"             // Metrics: metrics.csv, progress lines, per-rank reports
-#include "kit/sharding/sharding.h"         // HeldBytes, bytes_of(): what a rank holds, by category
+#include "kit/sharding/sharding.h"         // ShardLayout, ShardedAdamW, HeldBytes: shards and bytes
+#include "kit/sharding/clip.h"             // clip_shard_grads_(): --clip-grad on a sharded gradient
+#include "kit/sharding/flat.h"             // FlatParameters: the weights and gradients as flat buffers
 #include "kit/models/transformer_lm.h"     // TransformerLM, lm_loss(): the model and its loss
 #include "kit/data/wikitext.h"             // load_wikitext2(), LanguageModelDataset: the data
-#include "kit/sharding/zero.h"             // ZeroOptimizer: AdamW's state, then the gradients, sharded
 #include "kit/sharding/zero3.h"            // FullyShardedModel: the weights sharded too
 #include "kit/train/zero_checkpoint.h"     // save_zero_checkpoint(), load_zero_checkpoint(): one file a rank
 
 using Loader = kit::DataLoader<kit::LanguageModelDataset>;
 
 // What training needs from a stage, whichever it is: the forward pass, zero_grad() and step(),
-// the bytes this rank holds, and saving or resuming a checkpoint; and what the loop measures.
+// the learning rate of the next step, the bytes this rank holds, and saving or resuming a
+// checkpoint; and what the loop measures.
 struct Trainer {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void()> zero_grad, step;
+  std::function<void(double)> set_lr;
+  // The rate of optimizer step `step` (counted from 0 over the whole run): exercise 02's rule.
+  std::function<double(int64_t)> lr_at;
   std::function<kit::HeldBytes()> held;
   std::function<void(kit::TrainState&)> save;
   std::function<kit::TrainState()> resume;
@@ -70,7 +79,10 @@ torch::Tensor train_one_epoch(kit::TransformerLM& model, const Loader& loader, T
   const auto steps_per_epoch = static_cast<int64_t>(
       max_steps > 0 ? std::min<size_t>(loader.size(), max_steps) : loader.size());
   for (kit::Batch batch : loader.from(first)) {
-    auto input = batch.input.to(device), target = batch.target.to(device);
+    // A pinned batch, copied without the host waiting for it (exercise 01).
+    auto input = batch.input.to(device, /*non_blocking=*/true);
+    auto target = batch.target.to(device, /*non_blocking=*/true);
+    trainer.set_lr(trainer.lr_at(state.global_step));  // warm-up, as exercise 02
     trainer.zero_grad();
     kit::memory::reset_peak();  // the step's peak, from what is live now (weights, state, batch)
     auto loss = kit::lm_loss(trainer.forward(input), target);
@@ -119,6 +131,34 @@ torch::Tensor evaluate(kit::TransformerLM& model, const Loader& loader, Trainer&
   return totals[0] / totals[1];
 }
 
+// What a rank should hold at the end of training under `stage` (0: DDP), by the formula: fp32
+// weights and gradients, 4 bytes a parameter each, AdamW's two moments, 8; for P parameters
+// (`units`: ZeRO-3's units, their sizes, in chain order) on N ranks. The program prints it
+// beside what the rank really holds (trainer.held()).
+kit::HeldBytes predicted_bytes(int stage, int64_t P, int64_t N, const std::vector<int64_t>& units) {
+  kit::HeldBytes b;
+  const int64_t S = (P + N - 1) / N;  // one shard of the flat vector, padding included
+  int64_t S3 = 0, largest = 0;        // ZeRO-3: a shard of every unit; the largest unit, padded
+  for (int64_t u : units) {
+    S3 += (u + N - 1) / N;
+    largest = std::max(largest, (u + N - 1) / N * N);
+  }
+  b.params = 4 * (stage == 3 ? S3 : P);
+  b.grads = 4 * (stage == 3 ? S3 : stage == 2 ? S : P);
+  b.optimizer = 8 * (stage == 3 ? S3 : stage >= 1 ? S : P);
+  b.gathered_peak = stage == 3 ? 4 * largest : 0;
+  return b;
+}
+
+// "params A grads G optimizer O gathered X": the four figures of a HeldBytes, for the bytes line.
+std::string figures(const kit::HeldBytes& b) {
+  char text[160];
+  std::snprintf(text, sizeof text, "params %lld grads %lld optimizer %lld gathered %lld",
+                static_cast<long long>(b.params), static_cast<long long>(b.grads),
+                static_cast<long long>(b.optimizer), static_cast<long long>(b.gathered_peak));
+  return text;
+}
+
 // What a rank holds under DDP: every weight, every gradient, both moments of every weight.
 kit::HeldBytes ddp_held(kit::TransformerLM& model, torch::optim::AdamW& optimizer) {
   kit::HeldBytes b;
@@ -141,19 +181,33 @@ int64_t numel_of(const std::vector<torch::Tensor>& params) {
   return n;
 }
 
-// A stage whose TODO is not done yet (it made nothing to train with): one line, and no training.
-[[noreturn]] void not_done(int stage) {
-  std::fprintf(stderr, "error: TODO %d: ZeRO-%d is not done yet\n", stage + 1, stage);
+// A stage whose TODO is not done yet: one line, and no training.
+[[noreturn]] void not_done(int todo, const char* what) {
+  std::fprintf(stderr, "error: TODO %d: %s is not done yet\n", todo, what);
   std::exit(2);
 }
 
 int main(int argc, char** argv) {
-  // --zero-stage is this exercise's own flag: taken out before exercise 01's flags are parsed.
+  // This exercise's own flags, taken out before exercise 01's flags are parsed: the stage, and
+  // exercise 02's learning-rate rule and warm-up (kit/train/lr_rule.h), for every stage.
   const int zero_stage = static_cast<int>(
       kit::flag_int("--zero-stage", kit::take_flag(argc, argv, "--zero-stage", "0",
                                                    "0: DDP; 1, 2, 3: the ZeRO stage (default 0)"),
                     0, 3));
+  const int64_t warmup_steps = kit::flag_int(
+      "--warmup-steps", kit::take_flag(argc, argv, "--warmup-steps", "0",
+                                       "climb to the rate linearly over this many steps (default 0)"),
+      0);
+  const std::string scaling = kit::take_flag(
+      argc, argv, "--lr-scaling", "none",
+      "none, linear or sqrt: scale --lr (tuned for one process) for the global batch (default none)");
   kit::TrainArgs args = kit::parse_args(argc, argv);
+  kit::LrScaling lr_scaling = kit::LrScaling::none;
+  try {
+    lr_scaling = kit::parse_lr_scaling(scaling);
+  } catch (const std::invalid_argument& e) {
+    kit::flag_error(std::string("--lr-scaling: ") + e.what());
+  }
   // Count every tensor from here on (the model's too), for the peak of each step
   // (kit/train/memory.h).
   kit::memory::install();
@@ -170,73 +224,109 @@ int main(int argc, char** argv) {
   kit::DistributedSampler train_sampler(train_data, /*shuffle=*/true, args.seed);
   kit::DistributedEvalSampler val_sampler(val_data);  // every sample once: see exercise 01
   kit::DistributedEvalSampler test_sampler(test_data);
-  Loader train_loader(train_data, args.batch_size, train_sampler);
+  Loader train_loader(train_data, args.batch_size, train_sampler, kit::LoaderOptions{.pin_memory = true});
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
   kit::TransformerLM model(kit::lm_options(args, corpus.vocab.size()));
   model->to(device);
-  // The model's units (ZeRO-3 shards each on its own): the check computes the formula from them.
-  std::string units;
-  for (auto& u : model->units()) units += " " + std::to_string(numel_of(u.module->parameters()));
-  kit::print0("parameters %lld in units%s on %d ranks\n",
-              static_cast<long long>(numel_of(model->parameters())), units.c_str(), world_size);
+  const int64_t P = numel_of(model->parameters());  // before ZeRO-3 empties the model's tensors
 
+  // Exercise 02's rule: --lr was tuned for one process; a step sees batch x world_size samples.
+  const double lr = kit::scale_lr(args.lr, lr_scaling, args.batch_size * world_size, args.batch_size);
   // Exercise 01's AdamW: every stage below trains with these options, as DDP does.
-  const auto adamw = torch::optim::AdamWOptions(args.lr);
-  // A checkpoint belongs to one stage: another stage's is refused.
+  const auto adamw = torch::optim::AdamWOptions(lr);
+  // A checkpoint belongs to one stage and one learning-rate rule: another's is refused.
   kit::Checkpoints checkpoints(
       args.out_dir,
-      kit::config_fingerprint(args, corpus.vocab.size()) + " zero-stage " + std::to_string(zero_stage),
+      kit::config_fingerprint(args, corpus.vocab.size()) + " zero-stage " +
+          std::to_string(zero_stage) + " lr-scaling " + kit::to_string(lr_scaling) +
+          " warmup-steps " + std::to_string(warmup_steps),
       args.keep_checkpoints);
-  // What each stage trains with: DDP and torch's AdamW (stage 0), a ZeroOptimizer (stages 1 and
-  // 2) or a FullyShardedModel (stage 3). They live for the whole training; the TODOs decide which
-  // a ZeRO stage makes, and how, and the wiring after them calls whichever holds a value.
+  // What each stage trains with: DDP and torch's AdamW (stage 0); the model's weights and
+  // gradients as flat buffers, with AdamW's state for this rank's shard, and your step (stages 1
+  // and 2); a FullyShardedModel (stage 3). They live for the whole training; the TODOs decide what
+  // a ZeRO stage does, and the wiring after them calls whichever holds a value.
   std::optional<kit::DistributedDataParallel> ddp;
   std::optional<torch::optim::AdamW> optimizer;
-  std::optional<kit::ZeroOptimizer> zero;
+  std::optional<kit::FlatParameters> flat;
+  std::optional<kit::ShardedAdamW> adamw_shard;
+  torch::Tensor kept_grad;  // a gradient kept from one step() to the next zero_grad() (TODO 3)
   std::optional<kit::FullyShardedModel> sharded;
   Trainer trainer;
+  trainer.lr_at = [&](int64_t step) { return lr * kit::warmup_factor(step, warmup_steps); };
   trainer.forward = [&](const torch::Tensor& x) { return model->forward(x); };
   if (zero_stage == 0) {  // DDP, exercise 01's way: the forward through the wrapper
     ddp.emplace(model);
     optimizer.emplace(model->parameters(), adamw);
     trainer.forward = [&](const torch::Tensor& x) { return ddp->forward(x); };
   }
-  if (zero_stage == 1)
-    zero.emplace(model, kit::ZeroOptions{.stage = 1, .adamw = adamw, .max_grad_norm = args.clip_grad});
-  if (zero_stage == 2)
-    zero.emplace(model, kit::ZeroOptions{.stage = 2, .adamw = adamw, .max_grad_norm = args.clip_grad});
+  if (zero_stage == 1 || zero_stage == 2) {
+    // Rank 0's weights everywhere, every parameter a view of flat->params(), every .grad (after
+    // backward) a view of flat->grads(); AdamW's two moments for this rank's shard only.
+    flat.emplace(model);
+    adamw_shard.emplace(adamw, flat->layout().own(flat->params()));
+  }
+  // ZeRO-1's step, yours (TODO 2), which ZeRO-2 changes (TODO 3). Backward has left this rank's
+  // own gradient (not the average) in flat->grads(), N S elements in flat->layout()'s order.
+  auto zero_step = [&] {
+    torch::NoGradGuard no_grad;  // the update is not part of the model's graph
+    auto grad = torch::empty({flat->layout().shard()}, flat->params().options());
+    kit::reduce_scatter(grad, flat->grads(), kit::ReduceOp::AVG);
+    if (zero_stage == 2) {
+      flat->drop_grads();
+      kept_grad = grad;
+    }
+    if (args.clip_grad > 0) kit::clip_shard_grads_({grad}, args.clip_grad, flat->group());
+    adamw_shard->update(flat->layout().own(flat->params()), grad);
+    kit::all_gather(flat->params(), flat->layout().own(flat->params()).clone());
+  };
   if (zero_stage == 3) {
-    sharded.emplace(model, model->units(), kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
+    sharded.emplace(model, model->units(),
+                    kit::ZeroOptions{.stage = 3, .adamw = adamw, .max_grad_norm = args.clip_grad});
     trainer.forward = [&](const torch::Tensor& x) { return sharded->forward(x); };
   }
   // The wiring: the Trainer calls whatever this stage made.
   if (ddp) {
     trainer.zero_grad = [&] { optimizer->zero_grad(); };
     trainer.step = [&] {  // --clip-grad: after backward, whose end DDP waits for every average
-      if (args.clip_grad > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip_grad);
+      if (args.clip_grad > 0) kit::clip_grad_norm_(model->parameters(), args.clip_grad);
       optimizer->step();
     };
     trainer.held = [&] { return ddp_held(model, *optimizer); };
-  } else if (zero) {
-    trainer.zero_grad = [&] { zero->zero_grad(); };
-    trainer.step = [&] { zero->step(); };
-    trainer.held = [&] { return zero->held(); };
-  } else if (sharded) {
+    trainer.set_lr = [&](double rate) {
+      for (auto& group : optimizer->param_groups()) group.options().set_lr(rate);
+    };
+  } else if (flat) {
+    trainer.zero_grad = [&] {
+      flat->drop_grads();
+      kept_grad = torch::Tensor();
+    };
+    trainer.step = zero_step;
+    trainer.held = [&] { return flat->held(*adamw_shard, kept_grad); };
+    trainer.set_lr = [&](double rate) { adamw_shard->set_lr(rate); };
+  } else {
     trainer.zero_grad = [&] { sharded->zero_grad(); };
     trainer.step = [&] { sharded->step(); };
     trainer.held = [&] { return sharded->held(); };
-  } else {
-    not_done(zero_stage);
+    trainer.set_lr = [&](double rate) { sharded->set_lr(rate); };
   }
+  // The parameters in the units ZeRO-3 shards each on its own (the model's units() at the other
+  // stages): the formula needs them, and the check computes its own from this line.
+  std::vector<int64_t> unit_sizes;
+  if (sharded) unit_sizes = sharded->unit_numels();
+  else for (auto& u : model->units()) unit_sizes.push_back(numel_of(u.module->parameters()));
+  std::string units;
+  for (int64_t n : unit_sizes) units += " " + std::to_string(n);
+  kit::print0("parameters %lld in units%s on %d ranks\n", static_cast<long long>(P), units.c_str(),
+              world_size);
   // A ZeRO rank's shard of the training state, written to or read from a checkpoint's folder.
   kit::Checkpoints::ShardIO save_shard = [&](const std::string& dir) {
-    if (zero) kit::save_zero_checkpoint(dir, *zero);
+    if (flat) kit::save_zero_checkpoint(dir, *flat, *adamw_shard, zero_stage);
     else kit::save_zero_checkpoint(dir, *sharded);
   };
   kit::Checkpoints::ShardIO load_shard = [&](const std::string& dir) {
-    if (zero) kit::load_zero_checkpoint(dir, *zero);
+    if (flat) kit::load_zero_checkpoint(dir, *flat, *adamw_shard, zero_stage);
     else kit::load_zero_checkpoint(dir, *sharded);
   };
   trainer.save = [&](kit::TrainState& s) {
@@ -284,12 +374,11 @@ int main(int argc, char** argv) {
     kit::print0("final test loss %.5f (perplexity %.2f)\n", test_loss, std::exp(test_loss));
     save_model(args.out_dir + "/model-final.pt");
   }
-  const kit::HeldBytes held = trainer.held();
+  const std::string held = figures(trainer.held());
+  const std::string formula = figures(predicted_bytes(zero_stage, P, world_size, unit_sizes));
   const std::string name = zero_stage == 0 ? "DDP" : "ZeRO-" + std::to_string(zero_stage);
-  std::printf("rank %d: %s holds params %lld grads %lld optimizer %lld gathered %lld bytes, "
-              "peak %lld\n", rank, name.c_str(), static_cast<long long>(held.params),
-              static_cast<long long>(held.grads), static_cast<long long>(held.optimizer),
-              static_cast<long long>(held.gathered_peak), static_cast<long long>(trainer.peak));
+  std::printf("rank %d: %s holds %s bytes, peak %lld; the formula: %s\n", rank, name.c_str(),
+              held.c_str(), static_cast<long long>(trainer.peak), formula.c_str());
   kit::destroy_process_group();
   return 0;
 }

@@ -11,9 +11,14 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
   2. in a new mount and network namespace: hides /usr/include/gloo behind an empty folder, brings
      up loopback only (no route to anything, the package index included), and drops to `nobody`,
      with PYTHON's folder first on PATH;
-  3. as that user: `./kit demo --epochs 1 --max-steps 3` (build, then 2 ranks on Gloo), then
-     `./kit stage NN LAST` and `./kit check NN` for exercises 00 and 01 (the finished exercise
-     must pass every TODO).
+  3. as that user: `./kit demo --epochs 1 --max-steps 3` (the README's set-up: build, then 2
+     ranks on Gloo), then, for every exercise (exercises/*/info.toml: a new one adds itself),
+     `./kit check NN` on the exercise as shipped, which must fail and name its first TODO ("fix
+     first: TODO 1"), and `./kit stage NN LAST && ./kit check NN`, the solution's files over the
+     exercise's, which must pass every TODO. `./kit check` builds whatever its runs need (the
+     exercise, the solution, info.toml's [check] tools and preload): nothing else is built
+     before it, so a target the check forgets is a failure here (issue 40: exercise 03's
+     stopped runs preload lib/libkit_test_hooks.so).
 Each step must succeed, say which torch it built against and how it got Gloo's headers, and
 nothing may ask for root (no apt-get, no sudo) or the network.
 
@@ -28,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -88,17 +94,32 @@ def morning(scene, site, version):
            and "load the site's PyTorch module" in lines[0],
            "no torch and no network: one error line naming the fix, exit 2, no .venv left", out)
 
-    # ./kit check on the finished exercises 00 (collectives) and 01 (the flagship: the trainer
-    # built against the CUDA torch, run on the CPU with Gloo, judged TODO by TODO).
-    for ex, name in (("00", "00-collectives"), ("01", "01-transformer-lm-ddp")):
-        todos = subprocess.run([sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"),
-                                "todos", name, "--json"], capture_output=True, text=True,
-                               check=True).stdout
-        last = max(int(str(t["todo"]).split("-")[-1]) for t in json.loads(todos))
+    # ./kit check on every exercise, as shipped and finished (the trainers built against the CUDA
+    # torch, run on the CPU with Gloo, judged TODO by TODO).
+    for name in exercises():
+        ex = name[:2]
+        todos = json.loads(subprocess.run(
+            [sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"), "todos", name,
+             "--json"], capture_output=True, text=True, check=True).stdout)
+        last = max(int(str(t["todo"]).split("-")[-1]) for t in todos)
+        first = min((t for t in todos if t["lang"] == "cpp"), key=lambda t: t["first"])["todo"]
+        start = time.time()
+        rc, out = as_user(site, f"cd ~/kit && ./kit check {ex}")
+        expect(rc == 1 and f"fix first: TODO {first}\n" in out,
+               f"./kit check {ex} fails the exercise as shipped, naming TODO {first} first "
+               f"({time.time() - start:.0f} s)", out)
+        start = time.time()
         rc, out = as_user(site, f"cd ~/kit && ./kit stage {ex} {last} && ./kit check {ex}")
         expect(rc == 0, f"./kit check {ex} passes the finished exercise (stage {last}) on the "
-               "login node", out)
+               f"login node ({time.time() - start:.0f} s)", out)
         expect("✘" not in out and "✔" in out, f"{ex}: no TODO is judged ✘", out)
+
+
+def exercises():
+    """Every exercise, by its folder name, in order: each folder of exercises/ with an
+    info.toml."""
+    return sorted(os.path.basename(os.path.dirname(p))
+                  for p in glob.glob(os.path.join(ROOT, "exercises", "*", "info.toml")))
 
 
 if __name__ == "__main__":

@@ -290,6 +290,28 @@ TEST_F(Cifar10Test, WorkersResumeAndStopEarly) {
   expect_same_batches(epoch_of(plain), epoch_of(threaded), "after early exits");
 }
 
+// pin_memory (PyTorch's DataLoader pin_memory=True): the same batches, with and without workers;
+// pinned where CUDA is available (a GPU machine), left as they are where it is not (CPU CI: there
+// is no GPU to copy to, and pinning needs CUDA).
+TEST_F(Cifar10Test, PinMemoryGivesTheSameBatchesPinnedWhereCudaIs) {
+  generate();
+  kit::Cifar10Dataset train = kit::load_cifar10(dir_.string(), Cifar10Split::train);
+  kit::DistributedSampler sampler(train.size(), /*shuffle=*/true, /*seed=*/5, 2, 1);
+  const auto reference = epoch_of(kit::DataLoader(train, 7, sampler));
+  ASSERT_FALSE(reference.empty());
+  EXPECT_EQ(kit::can_pin_memory(), torch::cuda::is_available());
+  for (int64_t workers : {0, 2}) {
+    kit::DataLoader pinned(train, 7, sampler, kit::LoaderOptions{.workers = workers, .pin_memory = true});
+    const auto batches = epoch_of(pinned);
+    expect_same_batches(reference, batches, std::to_string(workers) + " workers, pinned");
+    for (const kit::Batch& b : batches) {
+      EXPECT_EQ(b.input.is_pinned(), torch::cuda::is_available()) << workers << " workers";
+      EXPECT_EQ(b.target.is_pinned(), torch::cuda::is_available()) << workers << " workers";
+    }
+  }
+  for (const kit::Batch& b : reference) EXPECT_FALSE(b.input.is_pinned()) << "pin_memory is off by default";
+}
+
 TEST(DataLoaderOptions, NegativeWorkersOrNoPrefetchIsRefused) {
   kit::Cifar10Dataset tiny(torch::zeros({4, 3, 32, 32}, torch::kUInt8),
                            torch::zeros({4}, torch::kInt64), "train");

@@ -12,7 +12,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>  // getpid
+
+#include "kit/runtime/distributed.h"     // reduce_scatter, all_gather: the step written by hand
+#include "kit/sharding/clip.h"           // clip_shard_grads_
+#include "kit/sharding/flat.h"           // FlatParameters: exercise 03's ZeRO-1 and -2
 #include "kit/train/lr_rule.h"  // scale_lr, warmup_factor: exercise 02's schedule
+#include "kit/train/zero_checkpoint.h"   // the flat shards' save and load
 #include "tiny_lm.h"    // kit_test::tiny_lm (tests/support)
 #include "zero_runs.h"  // kit_bench::train: N ranks at a stage (common/bench)
 
@@ -69,6 +77,135 @@ TEST_P(ZeroExact, TwoRanksEqualDDPBitForBitUnderAnLRSchedule) {
   ASSERT_EQ(errors[0], "");
   EXPECT_EQ(with[0].losses[0], without[0].losses[0]);
   EXPECT_NE(with[0].losses[1], without[0].losses[1]);
+}
+
+// Exercise 03's ZeRO-1 and -2, written by hand on kit::FlatParameters as its solution writes them
+// (solutions/03-transformer-lm-zero/train.cpp, zero_step): reduce-scatter the flat gradient into
+// this rank's averaged shard, (ZeRO-2: free the flat gradient, keep the shard), clip, update the
+// own shard, all-gather the weights. kit::ZeroOptimizer is its reference: the same losses and
+// weights, bit for bit, under clipping and an LR schedule, and ZeRO-2 holds the gradient's shard
+// only. ShardLayout's one flat vector is not ZeroOptimizer's buckets, so the clipping norm's sum
+// of squares adds in another order: equal to the last bit there is measured, not argued.
+struct FlatRun {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> weights;
+  kit::HeldBytes held;
+};
+
+std::vector<FlatRun> train_flat(const kit_bench::Setup& s, int stage, int n,
+                                const std::string& save_dir = "") {
+  auto groups = kit::ProcessGroup::local_groups(n, std::chrono::seconds(30));
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(r == 0 ? 1 : 100 + r);  // as kit_bench::train: rank 0's must reach all
+    models.emplace_back(s.model);
+  }
+  std::vector<FlatRun> runs(n);
+  auto errors = kit_bench::on_every_rank(n, [&](int r) {
+    kit::FlatParameters flat(models[r], groups[r].get());
+    kit::ShardedAdamW adamw(kit_bench::adamw(), flat.layout().own(flat.params()));
+    torch::Tensor kept;
+    for (int64_t k = 0; k < s.steps; ++k) {
+      if (s.lr) adamw.set_lr(s.lr(k));
+      auto [input, target] = kit_bench::batch(s, k, n, r);
+      auto loss = kit::lm_loss(models[r]->forward(input), target);
+      loss.backward();
+      {
+        torch::NoGradGuard no_grad;
+        auto grad = torch::empty({flat.layout().shard()}, flat.params().options());
+        kit::reduce_scatter(grad, flat.grads(), kit::ReduceOp::AVG, groups[r].get());
+        if (stage == 2) {
+          flat.drop_grads();
+          kept = grad;
+        }
+        if (s.max_grad_norm > 0) kit::clip_shard_grads_({grad}, s.max_grad_norm, flat.group());
+        adamw.update(flat.layout().own(flat.params()), grad);
+        kit::all_gather(flat.params(), flat.layout().own(flat.params()).clone(), groups[r].get());
+      }
+      runs[r].losses.push_back(loss.item<double>());
+      if (k + 1 < s.steps) {  // the last step's gradients stay, for held()
+        flat.drop_grads();
+        kept = torch::Tensor();
+      }
+    }
+    runs[r].held = flat.held(adamw, kept);
+    runs[r].weights = kit_bench::unit_weights(models[r]);
+    if (!save_dir.empty()) kit::save_zero_checkpoint(save_dir, flat, adamw, stage);
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return runs;
+}
+
+void expect_zero_optimizers(const kit_bench::Setup& s, int stage) {
+  std::vector<std::string> errors;
+  const auto ref = kit_bench::train(s, stage, 2, &errors);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[r], "") << "ZeroOptimizer, rank " << r;
+  const auto flat = train_flat(s, stage, 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(flat[r].losses.size(), ref[r].losses.size());
+    for (size_t k = 0; k < ref[r].losses.size(); ++k)
+      EXPECT_EQ(flat[r].losses[k], ref[r].losses[k]) << "rank " << r << ", step " << k + 1;
+    for (size_t u = 0; u < ref[r].weights.size(); ++u)
+      EXPECT_TRUE(torch::equal(flat[r].weights[u], ref[r].weights[u])) << "rank " << r << ", unit " << u;
+    // What is held: the formula's, as ZeroOptimizer's (params 4P; grads 4P, ZeRO-2 4S; 8S).
+    const int64_t P = ref[r].P, S = (P + 1) / 2;
+    EXPECT_EQ(flat[r].held.params, 4 * P);
+    EXPECT_EQ(flat[r].held.grads, stage == 2 ? 4 * S : 4 * P);
+    EXPECT_EQ(flat[r].held.optimizer, 8 * S);
+  }
+}
+
+TEST(FlatParameters, TheStepByHandIsZeroOptimizersBitForBit) {
+  for (int stage : {1, 2}) expect_zero_optimizers(tiny(4), stage);
+}
+
+TEST(FlatParameters, TheStepByHandIsZeroOptimizersUnderClippingAndAnLRSchedule) {
+  auto s = tiny(5);
+  s.max_grad_norm = 0.05;  // below the tiny model's gradient norm: every step is clipped
+  s.lr = [](int64_t k) { return 1e-3 * kit::warmup_factor(k, 3); };
+  for (int stage : {1, 2}) expect_zero_optimizers(s, stage);
+}
+
+// The shards saved by save_zero_checkpoint(dir, flat, adamw, stage) load back exactly, on as many
+// ranks, and a checkpoint of ZeroOptimizer's buckets is refused with one line.
+TEST(FlatParameters, ItsCheckpointLoadsBackAndRefusesZeroOptimizers) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kit-flat-ckpt-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const auto saved = train_flat(tiny(2), 1, 2, dir.string());
+  auto groups = kit::ProcessGroup::local_groups(2, std::chrono::seconds(30));
+  std::vector<kit::TransformerLM> models;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(7 + r);  // other weights than the saved ones
+    models.emplace_back(tiny(2).model);
+  }
+  auto errors = kit_bench::on_every_rank(2, [&](int r) {
+    kit::FlatParameters flat(models[r], groups[r].get());
+    kit::ShardedAdamW adamw(kit_bench::adamw(), flat.layout().own(flat.params()));
+    kit::load_zero_checkpoint(dir.string(), flat, adamw, 1);
+    EXPECT_EQ(adamw.steps(), 2);
+    const auto weights = kit_bench::unit_weights(models[r]);
+    for (size_t u = 0; u < weights.size(); ++u)
+      EXPECT_TRUE(torch::equal(weights[u], saved[r].weights[u])) << "rank " << r << ", unit " << u;
+    EXPECT_THROW(kit::load_zero_checkpoint(dir.string(), flat, adamw, 2), kit::ZeroCheckpointError);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  // ZeroOptimizer's buckets (version 2) into the flat layout: refused, naming why.
+  int64_t P = 0;
+  for (const auto& w : saved[0].weights) P += w.numel();
+  std::ofstream(dir / "MANIFEST") << "kit-zero-checkpoint 2\nstage 1\nranks 2\nparameters " << P
+                                  << "\n";
+  errors = kit_bench::on_every_rank(2, [&](int r) {
+    kit::FlatParameters flat(models[r], groups[r].get());
+    kit::ShardedAdamW adamw(kit_bench::adamw(), flat.layout().own(flat.params()));
+    try {
+      kit::load_zero_checkpoint(dir.string(), flat, adamw, 1);
+      ADD_FAILURE() << "a ZeroOptimizer checkpoint was loaded into FlatParameters";
+    } catch (const kit::ZeroCheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("ZeroOptimizer's buckets"), std::string::npos) << e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroExact, ::testing::Values(1, 2, 3),

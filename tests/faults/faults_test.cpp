@@ -6,7 +6,8 @@
 //   faults.Faults.StopAndResumeIsBitIdentical      KIT_TEST_STOP_AFTER_STEP at 7, 15 (the last step of
 //                                                  epoch 1) and 23, resuming after each stop
 //   faults.Faults.StopAtTheLastStepOfAShortEpoch   the same at the last step of a --max-steps epoch
-//   faults.Faults.SignalStopsAndResumes/{USR1,TERM} a real signal sent to ddprun
+//   faults.Faults.SignalStopsAndResumes/{USR1,TERM} a real signal sent to ddprun: the ranks stop at
+//                                                  the next polling step (a multiple of 10)
 //   faults.Faults.Rank0DiesDuringSave/{EpochEnd,StopSave}  KIT_TEST_DIE_DURING_SAVE
 //   faults.KillRank.AtRandomStep/<seed>_<ranks>ranks  SIGKILL one rank at a random step, 20 times
 //   faults.Checkpoints/{Rotation,StaleTmp,RankZeroChooses}.*  the checkpoint folders under DDP and
@@ -341,6 +342,8 @@ TEST_P(SignalStop, StopsAndResumesBitIdentical) {
   std::string problem;
   const long total = static_cast<long>(metrics(ref.out, &problem).size());
   EXPECT_LT(k, total) << "the training was over before the signal arrived\n" << r;
+  // The ranks look at the signal every 10 steps (Checkpoints::kStopPollSteps, kit/train/checkpoint.h).
+  EXPECT_EQ(k % 10, 0) << "a signal stops at a polling step, not after step " << k << "\n" << r;
   EXPECT_TRUE(every_step_once(out, k));
 
   Result again = run(job(2, out, args), tmp.path, "resumed");

@@ -15,12 +15,27 @@
 #     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward;
 #  5. runs the collectives benchmark (common/bench/bench_collectives.cpp) on NCCL with one rank
 #     per GPU, 8 B to 256 MiB, and, with two GPUs or more, plots busbw against size with the
-#     alpha-beta fit (slides/tools/plot_collectives.py).
+#     alpha-beta fit (slides/tools/plot_collectives.py);
+#  6. counts the host synchronisations of a training step (common/bench/host_syncs.cpp: exercise
+#     01's loop under DDP, CUDA's sync debug mode) on 1 rank and, with two GPUs or more, on 2, and
+#     prints them. Expected, as on fakegpu in CI (ctest -R host_syncs), unless one of ATen's CUDA
+#     kernels synchronises: none inside a step from step 2 on; between steps, only at every 10th
+#     step: rank 0 reads its losses (1), and on 2 ranks every rank polls the stop flag (2: the flag
+#     to the GPU and back), so 1 with one rank, 3 on rank 0 and 2 on rank 1 with two. --check
+#     makes any other figure a failure.
+#  7. exercise 06 on one GPU, where HDF5 was found: its checks (tests/gpu/weather_gpu.py: fp16
+#     with its gradient scaler, bf16, TF32 trained to fp32's u10 RMSE within tolerance, autocast's
+#     dtypes, the batches copied from pinned memory on a stream of their own, GPU kernels in the
+#     profile) and its table of speed-ups (tests/bench/bench_weather.py --device cuda: the shipped
+#     exercise, then each optimisation added, samples/s, step time, peak memory, u10 RMSE, with
+#     the date and the GPU's name).
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
 # bench.txt (the table) and bench.log (the raw BENCH lines), collectives.txt, collectives.csv,
-# collectives-busbw.svg and collectives-fit.md (step 5). Exit status 0 when everything built
+# collectives-busbw.svg and collectives-fit.md (step 5), host_syncs.txt (the counts) and
+# host_syncs.log (every step's, step 6), weather-gpu.txt, weather-table.txt and weather-table.csv
+# (step 7; its profile in BUILD_DIR/tests/bench/weather-gpu/profile). Exit status 0 when everything built
 # and passed, 1 when a test or the benchmark failed, 2 when it could not build.
 #
 # Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
@@ -157,7 +172,13 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
 fi
 grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
 
-targets=(gpu_tests ddp_tests bench_ddp bench_collectives ex01-solution ddprun make_corpus corpus)
+targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ddprun make_corpus corpus)
+# Exercise 06, where the configure step found HDF5 (its targets exist only then).
+if grep -q 'HDF5 not found' "$RESULTS/configure.log"; then
+  say "HDF5 not found: exercise 06 is not built here (Debian: libhdf5-dev; a module: cray-hdf5, HDF5)"
+else
+  targets+=(ex06-exercise ex06-solution make_weather)
+fi
 say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
   grep -m 20 -E 'error|Error' "$RESULTS/build.log" >&2 || tail -n 30 "$RESULTS/build.log" >&2
@@ -208,6 +229,37 @@ else
         --label "$gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F)" \
         "$RESULTS/collectives.csv" 2>&1 | tee -a "$RESULTS/collectives.txt" || status=1
   fi
+fi
+
+# --- host synchronisations per training step (CUDA's sync debug mode) -------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "host synchronisations not counted (they need a GPU)" | tee "$RESULTS/host_syncs.txt"
+else
+  say "host synchronisations per step (expected: 0 inside a step from step 2 on; between steps only" \
+      "every 10th: 1 on one rank, 3 on rank 0 and 2 on rank 1 of two)"
+  rm -f "$RESULTS/host_syncs.log" "$RESULTS/host_syncs.txt"
+  for ranks in 1 2; do
+    [ "$ranks" -le "$gpus" ] || continue
+    "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/host_syncs" --steps 40 \
+        --d-model 256 --layers 2 --seq 64 --batch 16 --check >>"$RESULTS/host_syncs.log" 2>&1 || status=1
+  done
+  grep -E '^HOSTSYNCS|host_syncs:' "$RESULTS/host_syncs.log" | tee "$RESULTS/host_syncs.txt" || status=1
+fi
+
+# --- exercise 06 on one GPU: precisions, the loader's copies, the table of speed-ups --------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] ||
+    [ ! -x "$BUILD/bin/ex06-solution" ]; then
+  say "exercise 06 not run on the GPU (no GPU, no CUDA torch, no HDF5, or KIT_NO_BENCH=1)" |
+    tee "$RESULTS/weather-gpu.txt"
+else
+  say "exercise 06 on one GPU: fp16, bf16, TF32, the loader's copies, the profile"
+  "$PYTHON" "$ROOT/tests/gpu/weather_gpu.py" "$BUILD/bin/ex06-solution" "$BUILD/bin/make_weather" \
+      "$BUILD/weather-gpu-checks" 2>&1 | tee "$RESULTS/weather-gpu.txt" || status=1
+  say "exercise 06's table of speed-ups on one GPU (several minutes)"
+  "$PYTHON" "$ROOT/tests/bench/bench_weather.py" --device cuda \
+      --exercise "$BUILD/bin/ex06-exercise" --solution "$BUILD/bin/ex06-solution" \
+      --make-weather "$BUILD/bin/make_weather" --work "$BUILD/tests/bench/weather-gpu" \
+      --csv "$RESULTS/weather-table.csv" --profile 2>&1 | tee "$RESULTS/weather-table.txt" || status=1
 fi
 
 say "results in $RESULTS"

@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -271,7 +272,8 @@ def test_check_does_not_compile(repo, work):
     lines = repo.snapshot()[CPP][0].decode().splitlines(True)
     lines = [l for l in lines if "kit::DistributedSampler train_sampler" not in l]
     repo.write(CPP, "".join(lines).encode())
-    use = next(i for i, l in enumerate(lines, 1) if "train_sampler);" in l)
+    use = next(i for i, l in enumerate(lines, 1)
+               if re.search(r"\btrain_sampler[,)]", l) and not l.lstrip().startswith("//"))
     col = lines[use - 1].index("train_sampler") + 1
     src = repo.path(CPP)
     error = (f"[ 50%] Building CXX object CMakeFiles/ex01-exercise.dir/{CPP}.o\n"

@@ -10,6 +10,9 @@ and how the verdicts are shown (checklib/verdicts.py), on runs made up here.
   * a call the kit refused after destroy_process_group() is not blamed on the refused line;
   * generated data (a corpus) is made again when the command that makes it changed, not reused
     from a --reference-dir kept across versions of the rules;
+  * a run that needs a library preloaded fails with one line naming it when the library is
+    missing (no process started) or when the loader ignores it (the real loader's warning, for a
+    file that is no shared object), never passes as if the library had been there (issue 40);
   * rows print in TODO order, each TODO once in the summary, "not reached" apart; the TODO to
     fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it.
 
@@ -250,9 +253,35 @@ def test_generated_data():
         expect(runs == ["1", "2"], f"another command makes it again (made: {runs})")
 
 
+def test_preload():
+    from checklib import runs
+    with tempfile.TemporaryDirectory() as tmp:
+        prog = os.path.join(tmp, "prog")
+        with open(prog, "w") as f:
+            f.write("#!/bin/sh\necho trained\n")
+        os.chmod(prog, 0o755)
+        missing = os.path.join(tmp, "lib", "libkit_test_hooks.so")
+        run = runs.Run(os.path.join(tmp, "missing"), 1).launch(prog, "alone", None, "", [],
+                                                                {"LD_PRELOAD": missing})
+        why = run.failure() or ""
+        expect(run.code != 0 and missing in why and "not built" in why and "\n" not in why,
+               f"a preload that is not built fails the run in one line naming it ({why})")
+        expect(stops.explain(run, None, EX, {}, Verdicts()).how == why,
+               "and the stop is told in those words, placed in no TODO")
+        not_a_library = os.path.join(tmp, "hooks.so")
+        with open(not_a_library, "w") as f:
+            f.write("not a shared object\n")
+        run = runs.Run(os.path.join(tmp, "ignored"), 1).launch(prog, "alone", None, "", [],
+                                                                {"LD_PRELOAD": not_a_library})
+        why = run.failure() or ""
+        expect(run.code != 0 and not_a_library in why and "without it" in why,
+               f"the loader's 'cannot be preloaded ... ignored' fails the run, naming the file ({why})")
+
+
 def main():
     test_crash()
     test_generated_data()
+    test_preload()
     test_site_in_todo()
     test_kit_file_and_destroy()
     test_library_error_at_caller()

@@ -69,6 +69,7 @@ def cmd_refs(tmp):
         # No hand-typed line numbers of the exercise.
         typed = re.findall(r"line \d+ of the unmodified", src)
         check(not typed, f"{name}: no hand-typed 'line N of the unmodified exercise' ({typed})")
+    back_to_python(decks())
     # One slide per TODO, with every block of it: the trainer's TODOs in the exercise deck, the
     # job script's in the sbatch deck.
     expanded = {n: open(os.path.join(tmp, n), encoding="utf-8").read()
@@ -102,6 +103,50 @@ def cmd_refs(tmp):
         check(run.returncode != 0 and reason in run.stderr and "bad.md:7" in run.stderr,
               f"{line} fails the build: {run.stderr.strip()[:120]}")
     return report()
+
+
+# The deck that teaches each exercise, whose "Back to Python" slide maps its kit calls.
+EXERCISE_DECK = {"00-collectives": "00-collectives.md", "01-transformer-lm-ddp": "02-exercise-01.md",
+                 "02-resnet-cifar10-ddp": "06-exercise-02.md", "03-transformer-lm-zero": "05-beyond-ddp.md"}
+
+
+def kit_names_of_solutions(exercise):
+    """The kit:: names the solution of an exercise writes into its TODOs (the `//@ solution`
+    parts of its annotated sources): what a participant must find again in PyTorch."""
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "solutions", exercise, "*.annotated.*")):
+        inside = False
+        for line in open(path, encoding="utf-8"):
+            if "//@ solution" in line or "#@ solution" in line:
+                inside = True
+            elif "//@ end" in line or "#@ end" in line or "//@ todo" in line:
+                inside = False
+            elif inside and not line.lstrip().startswith("//"):
+                names.update(re.findall(r"kit::(\w+)", line.split("//")[0]))
+    return names
+
+
+def back_to_python(paths):
+    """Every deck ends (before its references) with a "Back to Python" slide: a table of the kit's
+    names beside PyTorch's; an exercise's deck names every kit:: call of the exercise's TODOs."""
+    for deck in paths:
+        name = os.path.basename(deck)
+        slides = re.split(r"^## ", open(deck, encoding="utf-8").read(), flags=re.M)[1:]
+        titles = [s.split("\n", 1)[0] for s in slides if not s.startswith("References")]
+        check(titles and titles[-1].startswith("Back to Python"),
+              f"{name}: its last slide (before the references) is 'Back to Python' ({titles[-1:]})")
+        back = next((s for s in slides if s.startswith("Back to Python")), "")
+        table = [r for r in back.splitlines() if r.startswith("|") and "---" not in r]
+        check(len(table) >= 4 and re.search(r"PyTorch|torch", table[0].split("|")[-2]) and
+              all(c.strip() for r in table[1:] for c in r.strip().strip("|").split(" | ")),
+              f"{name}: 'Back to Python' is a table, each row the kit's beside PyTorch's")
+        for exercise, deck_name in EXERCISE_DECK.items():
+            if deck_name != name:
+                continue
+            missing = sorted(n for n in kit_names_of_solutions(exercise)
+                             if not re.search(rf"\b{n}\b", back))
+            check(not missing, f"{name}: 'Back to Python' names every kit call of {exercise}'s "
+                  f"TODOs (missing: {missing})")
 
 
 def cmd_follow(tmp):

@@ -102,6 +102,9 @@ cmd_start() {
   # folder of their own under /tmp, linked from DIR/spool and removed by `stop`.
   local spool
   spool=$(mktemp -d /tmp/kit-spool.XXXXXX) || die "cannot create a spool folder in /tmp"
+  # Open to everyone, as a real slurmd's spool is: a job of an unprivileged user (the handout's
+  # test) runs its batch script from there as that user.
+  chmod 755 "$spool" || die "cannot open $spool to the jobs' users"
   ln -sfn "$spool" "$dir/spool" || die "cannot link $dir/spool"
   read -r ctld_port ports <<<"$(free_ports 3)"
   [ -n "$ports" ] || die "cannot find free TCP ports"

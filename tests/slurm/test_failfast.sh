@@ -5,8 +5,10 @@
 #   * when the program is not built;
 #   * when the data is not staged (the line names the login-node download script);
 #   * when more tasks per node are requested than the node has GPUs;
-#   * when KIT_SITE names no site profile.
-# Each job must fail before srun starts a trainer.
+#   * when KIT_SITE names no site profile;
+# each of these before srun starts a trainer; and
+#   * a trainer built against a CPU-only LibTorch stops at setup() with one line in a job with
+#     GPUs, unless KIT_ALLOW_CPU=1 (which the local profile sets for the other tests).
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -70,4 +72,12 @@ failing_job too-many-tasks-student \
 JOB_SITE=nowhere failing_job unknown-site \
   '^ex01: error: unknown site KIT_SITE=nowhere: no .*/sbatch/sites/nowhere\.sh \(known sites: .*generic.*local' \
   "$SBATCH_DIR/run.sbatch"
+
+# A CPU-only build in a job with GPUs, without the KIT_ALLOW_CPU=1 of the local profile: the
+# trainer stops at setup() with one line naming the build and the module to load; nothing trains.
+KIT_ALLOW_CPU=0 submit "$work/cpu-build" "$SBATCH_DIR/solution.sbatch" --nodes=1 --gres=gpu:1
+check "cpu-build: job fails" expect_state FAILED
+check "cpu-build: the trainer's one line" expect_count 1 \
+  '^rank 0: error: this program was built against a CPU-only LibTorch, but it runs in a Slurm job with GPUs \(SLURM_[A-Z_]+=[0-9,]+\): .*--allow-cpu' "$ERR"
+check "cpu-build: nothing trained" expect_count 0 '^final test loss'
 finish

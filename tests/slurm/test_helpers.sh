@@ -17,6 +17,11 @@
 #     win over the file; the file wins over a profile's default partition; a malformed file is
 #     one line on stderr and none of it is used; "local" ignores it; account.sh refuses a name
 #     that is not one word, in one line, and leaves the file as it was.
+#   * a reservation saved with account.sh --reservation reaches sbatch and salloc
+#     (SBATCH_RESERVATION, SALLOC_RESERVATION); one that `scontrol show reservation` does not
+#     know, or that has ended, is refused in one line when saved (the file as it was) and left
+#     out with one line when a profile is sourced; without a controller to ask it is used as
+#     saved (a stand-in scontrol here; slurm.handout asks a real one).
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -141,4 +146,57 @@ check "a malformed file: one line on stderr, naming the file's line" \
   test "$(saved "$home" generic 2>&1 >/dev/null | grep -c "site.env line 3 is not KIT_ACCOUNT=")" -eq 1
 check "a malformed file: ... and nothing else" \
   test "$(saved "$home" generic 2>&1 >/dev/null | wc -l)" -eq 1
+
+# Reservations, with a stand-in scontrol: "course1" exists until 2099, "old" ended in 2020,
+# every other name is not found; "nocontroller" mode answers as a login node whose controller
+# cannot be reached.
+stub=$home/stub
+mkdir -p "$stub"
+cat >"$stub/scontrol" <<'STUB'
+#!/bin/sh
+[ "${KIT_STUB_SCONTROL:-}" = nocontroller ] &&
+  { echo "slurm_load_reservations error: Unable to contact slurm controller (connect failure)"; exit 1; }
+case $4 in
+  course1) echo "ReservationName=course1 StartTime=2026-01-01T09:00:00 EndTime=2099-01-01T17:00:00 Duration=1-00:00:00 State=ACTIVE" ;;
+  old) echo "ReservationName=old StartTime=2020-01-01T09:00:00 EndTime=2020-01-01T17:00:00 Duration=08:00:00 State=INACTIVE" ;;
+  *) echo "Reservation $4 not found"; exit 1 ;;
+esac
+STUB
+chmod +x "$stub/scontrol"
+# reserved SITE [NAME=VALUE...]: "<SBATCH_RESERVATION> <SALLOC_RESERVATION> <SBATCH_ACCOUNT>"
+# as sbatch and salloc would see them after sourcing the profile, "-" for unset.
+reserved() {
+  local site=$1
+  shift
+  env -i PATH="$stub:$PATH" HOME="$home" "$@" bash -c "set -euo pipefail
+    . '$ROOT/sbatch/sites/$site.sh'
+    sh -c 'echo \"\${SBATCH_RESERVATION:--} \${SALLOC_RESERVATION:--} \${SBATCH_ACCOUNT:--}\"'"
+}
+save_res() { env -i PATH="$stub:$PATH" HOME="$home" "$ROOT/sbatch/account.sh" "$@"; }
+rm -f "$file"
+check "account.sh saves a reservation that exists" eval 'save_res proj9 gpu --reservation course1 >/dev/null'
+check "... in the file" grep -qx 'KIT_RESERVATION=course1' "$file"
+for site in generic jureca perlmutter alps; do
+  check "$site: sbatch and salloc get the reservation" test "$(reserved "$site")" = "course1 course1 proj9"
+done
+check "SBATCH_RESERVATION in the environment wins" \
+  test "$(reserved generic SBATCH_RESERVATION=mine)" = "mine - proj9"
+check "local: the test cluster ignores the saved reservation" test "$(reserved local)" = "- - -"
+before=$(cat "$file")
+for name in nope old; do
+  out=$(save_res proj9 gpu --reservation "$name" 2>&1 >/dev/null)
+  rc=$?
+  check "account.sh --reservation $name: refused, exit 1" test "$rc" -eq 1
+  check "... in one line" test "$(printf '%s\n' "$out" | grep -c .)" -eq 1
+  check "... saying why" grep -qE "reservation '$name' (does not exist|has ended \(EndTime=2020-01-01T17:00:00\))" <<<"$out"
+  check "... the file as it was" test "$(cat "$file")" = "$before"
+done
+printf 'KIT_ACCOUNT=proj9\nKIT_RESERVATION=gone\n' >"$file"
+check "a saved reservation that is gone: left out, the account still used" \
+  test "$(reserved generic 2>/dev/null)" = "- - proj9"
+check "... one line on stderr naming it" \
+  test "$(reserved generic 2>&1 >/dev/null | grep -c "reservation 'gone' does not exist")" -eq 1
+check "... and nothing else" test "$(reserved generic 2>&1 >/dev/null | wc -l)" -eq 1
+check "no controller to ask: the saved reservation is used as it is" \
+  test "$(reserved generic KIT_STUB_SCONTROL=nocontroller 2>&1)" = "gone gone proj9"
 finish

@@ -3,7 +3,8 @@
 # test_scaling.sh: exercise 02's scaling study (sbatch/02-resnet-cifar10-ddp/scaling.sbatch) as
 # one job on the test cluster (2 nodes x 4 fake GPUs), with tiny sizes: strong and weak scaling
 # on 1, 2 and 8 GPUs, the 8 spread over both nodes.
-#   * the job completes, and runs one srun step per (mode, GPU count);
+#   * the job completes, and runs one srun step per (mode, GPU count), each with --preset gpu
+#     (the test's own flags after it win over its sizes);
 #   * scaling.csv holds one row per run, from the trainer's --summary-csv: the labels, the world
 #     sizes, the nodes (8 GPUs = 2 nodes), the batches (strong: global 16 split over the GPUs;
 #     weak: 4 per GPU);
@@ -25,6 +26,8 @@ check "job completes" expect_state COMPLETED
 check "no error in the .err file" expect_count 0 'error' "$ERR"
 check "one step per mode and GPU count" expect_count 6 '^ex02-scaling: run (strong|weak)-[128]: '
 check "8 GPUs run on 2 nodes" expect_count 1 '^ex02-scaling: run weak-8: 8 GPU\(s\) on 2 node\(s\)'
+# The study's runs take the GPU preset (--preset gpu first, the flags above win over its sizes).
+check "the runs take the GPU preset" expect_count 1 '^ex02-scaling: study: .*, preset gpu$'
 
 # expect_rows: label world_size nodes batch_per_rank global_batch, one line per run, in order.
 expect_rows() {

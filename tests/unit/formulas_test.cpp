@@ -21,6 +21,11 @@
 #include <torch/torch.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers
+#include "kit/models/resnet.h"         // ResNet: the image preset's sizes
+#include "kit/models/transformer_lm.h" // TransformerLM: the LM preset's sizes
+#include "kit/train/args.h"           // parse_args, --preset
+#include "kit/train/clip.h"           // clip_grad_norm_
+#include "kit/train/image_args.h"     // parse_image_args
 #include "kit/train/lr_rule.h"        // scale_lr, warmup_factor
 #include "kit/train/metrics.h"        // Metrics
 #include "kit/sharding/sharding.h"    // ShardLayout, ShardedAdamW, formula_bytes, ring_bytes
@@ -156,9 +161,13 @@ TEST(Summary, TotalAndPerRankRatesFromTheStepTime) {
 }
 
 // One process (world size 1), batch 8. The clock: the Metrics are made at 0 s, steps end at
-// 2, 2.5, 3 and 4 s. Per step, samples/s = 8 / (time since the previous step): 4, 16, 16, 8. The
-// epoch's figure counts the steps after the first over the time from the first's end to the last's:
-// 3 x 8 / (4 - 2) = 12 samples/s (not 4 x 8 / 2 = 16, and not 32 / 4 = 8 from the start).
+// 2, 2.5, 3 and 4 s; none of them is a tenth step, so no row is written until end_epoch(), which
+// reads the four losses at once at 4 s. The rows written together share their rate, that of the
+// steps after the epoch's first over the time from its end to the read: 3 x 8 / (4 - 2) = 12
+// samples/s each (not 8 / (time since the previous step), 4, 16, 16, 8: on a GPU the host's
+// clock at a step says when it was queued, not done). elapsed_s stays each step's own clock. The
+// epoch's figure counts the same steps: 3 x 8 / (4 - 2) = 12 samples/s (not 4 x 8 / 2 = 16, and
+// not 32 / 4 = 8 from the start).
 TEST(MetricsRates, PerStepAndPerEpochSamplesPerSecondUnderAGivenClock) {
   TempDir dir("kit-metrics");
   std::vector<double> times{0.0, 2.0, 2.5, 3.0, 4.0, 4.0, 4.0};
@@ -167,21 +176,124 @@ TEST(MetricsRates, PerStepAndPerEpochSamplesPerSecondUnderAGivenClock) {
   {
     kit::Metrics metrics(dir.path.string(), 8, torch::kCPU, 0, 1e9, clock);
     for (int k = 0; k < 4; ++k) metrics.step(0, torch::tensor(2.5f - 0.5f * k));
+    EXPECT_EQ(read_csv(dir.path / "metrics.csv").size(), 0u) << "no row before the batch is written";
     metrics.end_epoch(0);
   }
   const auto rows = read_csv(dir.path / "metrics.csv");
   ASSERT_EQ(rows.size(), 5u) << "four step rows and one rank row";
-  const char* per_step[] = {"4.0", "16.0", "16.0", "8.0"};
+  const char* loss[] = {"2.5", "2", "1.5", "1"};
   const char* elapsed[] = {"2.000", "2.500", "3.000", "4.000"};
   for (int k = 0; k < 4; ++k) {
     EXPECT_EQ(rows[k].at("step"), std::to_string(k + 1));
-    EXPECT_EQ(rows[k].at("samples_per_s"), per_step[k]) << "step " << k + 1;
+    EXPECT_EQ(rows[k].at("loss"), loss[k]) << "step " << k + 1;
+    EXPECT_EQ(rows[k].at("samples_per_s"), "12.0") << "step " << k + 1 << ": 3 steps x 8 over 2 s";
     EXPECT_EQ(rows[k].at("elapsed_s"), elapsed[k]) << "step " << k + 1;
     EXPECT_EQ(rows[k].at("ranks"), "1");
   }
   EXPECT_EQ(rows[4].at("rank"), "0");
   EXPECT_EQ(rows[4].at("step"), "4");
   EXPECT_EQ(rows[4].at("samples_per_s"), "12.0") << "3 steps x 8 samples over 2 s";
+}
+
+// Rows are written at every tenth step (Checkpoints::kStopPollSteps: a signal's stop finds its
+// rows in the file) and at end_epoch(). Batch 8, one process; step k ends at k s, the losses of
+// steps 1..10 are read at 10.5 s, those of 11 and 12 at end_epoch(), at 13 s. The clock of the
+// rates and of the step timer (rank 0's, for the scaling study) starts at step 1's end, 1 s:
+// steps 2..10 took (10.5 - 1) / 9 = 1.0556 s each, 7.6 samples/s for rows 1-10; steps 11 and 12
+// (13 - 10.5) / 2 = 1.25 s each, 6.4 samples/s; the timer's median 1.0556 s. A second epoch's
+// first step, after a 100 s evaluation, starts the clock afresh: step 14 took 115.5 - 114 =
+// 1.5 s, 5.3 samples/s for rows 13 and 14, and the evaluation counts nowhere.
+TEST(MetricsRates, RowsAreWrittenAtEveryTenthStepAndAtTheEpochsEnd) {
+  TempDir dir("kit-metrics-batches");
+  std::vector<double> times{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10.5, 11, 12, 13, 13,
+                            114, 115, 115.5, 115.5};
+  size_t next = 0;
+  auto clock = [&] { return at(times.at(std::min(next++, times.size() - 1))); };
+  {
+    kit::Metrics metrics(dir.path.string(), 8, torch::kCPU, 0, 1e9, clock);
+    for (int k = 1; k <= 9; ++k) metrics.step(0, torch::tensor(static_cast<float>(k)));
+    EXPECT_EQ(read_csv(dir.path / "metrics.csv").size(), 0u) << "steps 1-9: nothing written yet";
+    metrics.step(0, torch::tensor(10.0f));
+    EXPECT_EQ(read_csv(dir.path / "metrics.csv").size(), 10u) << "step 10 writes rows 1-10";
+    metrics.step(0, torch::tensor(11.0f));
+    metrics.step(0, torch::tensor(12.0f));
+    metrics.end_epoch(0);
+    EXPECT_NEAR(metrics.step_timer().median_seconds(0), 9.5 / 9, 1e-12);
+    EXPECT_EQ(metrics.step_timer().steps(), 11);
+    // Epoch 2 after a 100 s evaluation: steps at 114 and 115 s, written at 115.5 s.
+    metrics.step(1, torch::tensor(13.0f));
+    metrics.step(1, torch::tensor(14.0f));
+    metrics.end_epoch(1);
+    EXPECT_EQ(metrics.step_timer().steps(), 12) << "one more step timed: 115.5 - 114";
+    EXPECT_NEAR(metrics.step_timer().median_seconds(0), 9.5 / 9, 1e-12);
+  }
+  const auto rows = read_csv(dir.path / "metrics.csv");
+  ASSERT_EQ(rows.size(), 16u) << "12 step rows, a rank row, 2 step rows, a rank row";
+  for (int k = 0; k < 12; ++k) {
+    EXPECT_EQ(rows[k].at("step"), std::to_string(k + 1));
+    EXPECT_EQ(rows[k].at("loss"), std::to_string(k + 1));
+    EXPECT_EQ(rows[k].at("samples_per_s"), k < 10 ? "7.6" : "6.4") << "step " << k + 1;
+  }
+  EXPECT_EQ(rows[12].at("rank"), "0");
+  EXPECT_EQ(rows[13].at("step"), "13");
+  EXPECT_EQ(rows[13].at("samples_per_s"), "5.3") << "8 samples over 1.5 s, not over the evaluation";
+  EXPECT_EQ(rows[14].at("samples_per_s"), "5.3");
+  EXPECT_EQ(rows[15].at("rank"), "0");
+  EXPECT_EQ(rows[15].at("samples_per_s"), "8.0") << "epoch 2: one step after the first, 115 - 114 s";
+}
+
+// A step timer given a lap of several steps: each took an equal part. Laps at 0 s (the start), 3 s
+// (3 steps: 1 s each) and 3.5 s (1 step: 0.5 s): four steps, median of 1, 1, 1, 0.5 is 1.
+TEST(StepTimer, ALapOfSeveralStepsSharesItsTime) {
+  kit::StepTimer timer;
+  timer.lap(at(0.0), 3);  // only starts the clock
+  timer.lap(at(3.0), 3);
+  timer.lap(at(3.5), 1);
+  EXPECT_EQ(timer.steps(), 4);
+  EXPECT_DOUBLE_EQ(timer.median_seconds(0), 1.0);
+  EXPECT_DOUBLE_EQ(timer.median_seconds(3), 0.5);
+  timer.lap(at(4.0), 0);  // no step: nothing, and the clock goes on from 3.5 s
+  timer.lap(at(5.5), 1);
+  EXPECT_EQ(timer.steps(), 5);
+  EXPECT_DOUBLE_EQ(timer.median_seconds(4), 2.0);
+}
+
+// ---- clipping ---------------------------------------------------------------------------------
+
+// kit::clip_grad_norm_ against LibTorch's torch::nn::utils::clip_grad_norm_ at zero tolerance: the
+// same gradients bit for bit, the same norm, for the L2 norm, the largest magnitude (inf), p = 3
+// and 0 (the count of gradients), each with a max_norm that clips and one that does not; a
+// parameter without gradient is left without. The norm comes back as a 0-d tensor on the
+// gradients' device, read by nobody inside the call.
+TEST(ClipGradNorm, TorchsCppClipGradNormBitForBit) {
+  torch::manual_seed(11);
+  const std::vector<torch::Tensor> start{torch::randn({5, 7}), torch::randn({13}), torch::randn({2, 3, 4}),
+                                         torch::randn({3})};
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity(), 3.0, 0.0}) {
+    for (double max_norm : {0.3, 1e6}) {
+      std::vector<torch::Tensor> ours, theirs;
+      for (size_t i = 0; i < start.size(); ++i) {
+        ours.push_back(start[i].clone().requires_grad_(true));
+        theirs.push_back(start[i].clone().requires_grad_(true));
+        if (i == 3) continue;  // no gradient
+        auto g = torch::randn(start[i].sizes()) * static_cast<double>(i + 1);
+        ours.back().mutable_grad() = g.clone();
+        theirs.back().mutable_grad() = g.clone();
+      }
+      const torch::Tensor norm = kit::clip_grad_norm_(ours, max_norm, norm_type);
+      const double want = torch::nn::utils::clip_grad_norm_(theirs, max_norm, norm_type);
+      const std::string what = "norm_type " + std::to_string(norm_type) + ", max_norm " + std::to_string(max_norm);
+      EXPECT_EQ(norm.dim(), 0) << what;
+      EXPECT_EQ(norm.item<double>(), want) << what;
+      for (size_t i = 0; i < start.size(); ++i) {
+        ASSERT_EQ(ours[i].grad().defined(), theirs[i].grad().defined()) << what;
+        if (ours[i].grad().defined())
+          EXPECT_TRUE(torch::equal(ours[i].grad(), theirs[i].grad())) << what << ", parameter " << i;
+      }
+    }
+  }
+  // Nothing to clip: a zero, as torch's (0.0 in C++, tensor(0.) in Python).
+  EXPECT_EQ(kit::clip_grad_norm_({torch::zeros({2}, torch::requires_grad())}, 1.0).item<double>(), 0.0);
 }
 
 // ---- bytes per rank -------------------------------------------------------------------------
@@ -305,3 +417,130 @@ TEST(LoaderWorkersOrder, ASlowFirstBatchIsStillHandedOutFirst) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The GPU presets (--preset gpu): the sizes their comments state (kit/train/args.cpp,
+// image_args.cpp), counted from the models themselves, and flags given with a preset win.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// argv for a parser, from words (the strings outlive the call).
+struct Argv {
+  std::vector<std::string> words;
+  std::vector<char*> ptrs;
+  explicit Argv(std::vector<std::string> w) : words(std::move(w)) {
+    for (auto& s : words) ptrs.push_back(s.data());
+  }
+  int argc() { return static_cast<int>(ptrs.size()); }
+  char** argv() { return ptrs.data(); }
+};
+
+std::string preset_out_dir() {
+  return (std::filesystem::temp_directory_path() / ("kit-presets-" + std::to_string(getpid()))).string();
+}
+
+int64_t numel(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return n;
+}
+
+// Multiply-adds of one 32x32 image's forward through the ResNet, layer by layer: a convolution
+// does k x k x in x out of them per output pixel, the head one per weight. The modules come in
+// registration order; a 3x3 convolution of stride 2 (a stage's first block) halves the image,
+// and its block's 1x1 shortcut works at the halved size too.
+double forward_macs(torch::nn::Module& model) {
+  double macs = 0;
+  int64_t side = 32;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* c = m->as<torch::nn::Conv2d>()) {
+      const auto w = c->weight.sizes();  // [out, in, k, k]
+      if (w[2] == 3 && (*c->options.stride())[0] == 2) side /= 2;
+      macs += static_cast<double>(w[0] * w[1] * w[2] * w[3] * side * side);
+    } else if (auto* l = m->as<torch::nn::Linear>()) {
+      macs += static_cast<double>(l->weight.numel());
+    }
+  }
+  EXPECT_EQ(side, 8);  // the three stages: 32, 16, 8
+  return macs;
+}
+
+}  // namespace
+
+TEST(Presets, LmGpuSizes) {
+  Argv a({"ex01", "--preset", "gpu", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::TrainArgs args = kit::parse_args(a.argc(), a.argv());
+  EXPECT_EQ(args.d_model, 512);
+  EXPECT_EQ(args.layers, 6);
+  EXPECT_EQ(args.batch_size, 64);
+  EXPECT_EQ(args.seq_len, 256);
+  // WikiText-2's vocabulary: 33,278 words.
+  kit::TransformerLM model(kit::lm_options(args, 33278));
+  const double params = static_cast<double>(numel(model->parameters()));
+  EXPECT_NEAR(params / 1e6, 53.0, 0.05);
+  // Weights of matrix products: every 2-D parameter but the embedding (a lookup).
+  double matmul = 0;
+  for (const auto& p : model->named_parameters())
+    if (p.value().dim() == 2 && p.key().rfind("embed", 0) != 0) matmul += static_cast<double>(p.value().numel());
+  EXPECT_NEAR(matmul / 1e6, 35.9, 0.05);
+  // 6 FLOPs per matmul weight and token, plus the attention's 3 x 4 x seq x width per layer.
+  const double per_token = 6 * matmul + 3.0 * 4 * args.seq_len * args.d_model * args.layers;
+  EXPECT_NEAR(per_token / 1e6, 225, 0.5);
+  const double per_step = per_token * static_cast<double>(args.batch_size * args.seq_len);
+  EXPECT_NEAR(per_step / 1e12, 3.7, 0.05);
+  EXPECT_NEAR(4 * params / 1e6, 212, 0.5);  // fp32 gradient bytes all-reduced per step (MB)
+  // The defaults, for comparison: 28 GFLOP per step, 35 MB all-reduced.
+  Argv d({"ex01", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::TrainArgs defaults = kit::parse_args(d.argc(), d.argv());
+  kit::TransformerLM small(kit::lm_options(defaults, 33278));
+  double small_matmul = 0;
+  for (const auto& p : small->named_parameters())
+    if (p.value().dim() == 2 && p.key().rfind("embed", 0) != 0) small_matmul += static_cast<double>(p.value().numel());
+  const double small_token = 6 * small_matmul + 3.0 * 4 * defaults.seq_len * defaults.d_model * defaults.layers;
+  EXPECT_NEAR(small_token * static_cast<double>(defaults.batch_size * defaults.seq_len) / 1e9, 28, 0.5);
+  EXPECT_NEAR(4 * static_cast<double>(numel(small->parameters())) / 1e6, 35, 0.5);
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, ImageGpuSizes) {
+  Argv a({"ex02", "--preset=gpu", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::ImageTrainArgs args = kit::parse_image_args(a.argc(), a.argv());
+  EXPECT_EQ(args.width, 128);
+  EXPECT_EQ(args.blocks, 2);
+  EXPECT_EQ(args.batch_size, 512);
+  EXPECT_EQ(args.workers, 4);
+  kit::ResNet model(kit::ResNetOptions{.width = args.width, .blocks = args.blocks});
+  const double params = static_cast<double>(numel(model->parameters()));
+  EXPECT_NEAR(params / 1e6, 11.1, 0.05);
+  const double macs = forward_macs(*model);
+  EXPECT_NEAR(macs / 1e9, 1.68, 0.005);
+  const double per_step = 2 * 3 * macs * static_cast<double>(args.batch_size);
+  EXPECT_NEAR(per_step / 1e12, 5.2, 0.05);
+  EXPECT_NEAR(4 * params / 1e6, 44.4, 0.05);
+  // The defaults, for comparison: 0.6 GFLOP per step, 80 kB all-reduced.
+  Argv d({"ex02", "--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+  const kit::ImageTrainArgs defaults = kit::parse_image_args(d.argc(), d.argv());
+  kit::ResNet small(kit::ResNetOptions{.width = defaults.width, .blocks = defaults.blocks});
+  EXPECT_NEAR(6 * forward_macs(*small) * static_cast<double>(defaults.batch_size) / 1e9, 0.6, 0.05);
+  EXPECT_NEAR(4 * static_cast<double>(numel(small->parameters())) / 1e3, 80, 2);
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, FlagsGivenWithAPresetWinWhereverTheyStand) {
+  for (auto words : {std::vector<std::string>{"ex01", "--preset", "gpu", "--batch-size", "8"},
+                     std::vector<std::string>{"ex01", "--batch-size", "8", "--preset", "gpu"}}) {
+    words.insert(words.end(), {"--data-dir", "/nonexistent", "--out-dir", preset_out_dir()});
+    Argv a(words);
+    const kit::TrainArgs args = kit::parse_args(a.argc(), a.argv());
+    EXPECT_EQ(args.batch_size, 8);
+    EXPECT_EQ(args.d_model, 512);  // the rest is the preset's
+  }
+  std::filesystem::remove_all(preset_out_dir());
+}
+
+TEST(Presets, AnUnknownPresetIsOneLineAndExitTwo) {
+  Argv a({"ex01", "--preset", "tpu", "--data-dir", "/nonexistent"});
+  EXPECT_EXIT(kit::parse_args(a.argc(), a.argv()), ::testing::ExitedWithCode(2),
+              "--preset tpu is not a preset \\(known: gpu\\)");
+}

@@ -303,9 +303,9 @@ TEST(Rank0Helpers, SubgroupsReduceOverTheirRanksAndTheTraceNamesTheGroup) {
 TEST(Rank0Helpers, BadGroupsAreOneErrorLineNamingTheCall) {
   kit_test::TempDir tmp("kit-rank0");
   const std::pair<const char*, const char*> cases[] = {
-      {"member", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) on group 0, which rank 1 is not a member of"},
-      {"world", "rank 1: error: rank 1: all_reduce \\(rank0_probe.cpp:\\d+\\) was given a group of another world"},
-      {"ranks", "rank 1: error: rank 1: new_group \\(rank0_probe.cpp:\\d+\\) was given rank 0 twice"}};
+      {"member", "rank 1: error: all_reduce \\(rank0_probe.cpp:\\d+\\) on group 0, which rank 1 is not a member of"},
+      {"world", "rank 1: error: all_reduce \\(rank0_probe.cpp:\\d+\\) was given a group of another world"},
+      {"ranks", "rank 1: error: new_group \\(rank0_probe.cpp:\\d+\\) was given rank 0 twice"}};
   for (auto [what, says] : cases) {
     Result r = run_probe(2, {"group_error", what}, tmp.path);
     EXPECT_NE(r.exit_code, 0) << what << "\n" << r;

@@ -1,6 +1,6 @@
 // Unit tests of common/kit: collectives and subgroups (with DDP on a subgroup), save0, the rank
-// environment, device choice and the DistributedSampler (assign_buckets() is tested with DDP, in
-// tests/ddp/ddp_grads_test.cpp).
+// environment, device choice, the DistributedSampler and the steps at which Checkpoints look at a
+// stop signal (assign_buckets() is tested with DDP, in tests/ddp/ddp_grads_test.cpp).
 // Everything runs inside this one process: the collectives use ProcessGroup::local_groups(), one
 // std::thread per rank.
 //
@@ -34,6 +34,8 @@
 #include "kit/runtime/env.h"
 #include "kit/runtime/process_group.h"
 #include "kit/train/checkpoint_format.h"  // cuda_rng_bytes, parse_cuda_rng: the file's format
+#include "kit/train/checkpoint.h"
+#include "kit/train/checkpoint_hooks.h"
 
 namespace fs = std::filesystem;
 
@@ -1080,6 +1082,40 @@ TEST(DeviceFor, SlurmGaveGpusButTheRankSeesNone) {
   EXPECT_EQ(kit::gpus_given_but_unseen(lookup({}), 0), "");
 }
 
+TEST(DeviceFor, CpuBuildInAJobWithGpusIsRefusedUnlessAllowed) {
+  auto lookup = [](const std::map<std::string, std::string>& vars) {
+    return [vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  // Slurm gave the job GPUs here: the CPU build would train on the CPU while they idle.
+  std::map<std::string, std::string> job = {{"SLURM_JOB_ID", "4711"}, {"SLURM_JOB_GPUS", "0,1,2,3"}};
+  std::string why = kit::cpu_build_in_gpu_job(lookup(job), 0);
+  EXPECT_NE(why.find("CPU-only LibTorch"), std::string::npos) << why;
+  EXPECT_NE(why.find("SLURM_JOB_GPUS=0,1,2,3"), std::string::npos) << why;
+  EXPECT_NE(why.find("module spider PyTorch"), std::string::npos) << why;  // no site profile
+  EXPECT_NE(why.find("--allow-cpu"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  // The site profile's modules, where it exported them, are the module to load.
+  job["KIT_MODULES"] = "Stages/2025 GCC OpenMPI PyTorch CMake";
+  why = kit::cpu_build_in_gpu_job(lookup(job), 0);
+  EXPECT_NE(why.find("'module load Stages/2025 GCC OpenMPI PyTorch CMake'"), std::string::npos) << why;
+  // No GRES, but the driver lists GPUs (whole GPU nodes): refused too.
+  why = kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_ID", "4711"}}), 4);
+  EXPECT_NE(why.find("the NVIDIA driver lists 4 GPU(s)"), std::string::npos) << why;
+  // Allowed, a job without GPUs, or no job at all (a laptop, ddprun on a workstation): fine.
+  job["KIT_ALLOW_CPU"] = "1";
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup(job), 4), "");
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_ID", "4711"}, {"SLURM_GPUS_ON_NODE", "0"}}), 0), "");
+  EXPECT_EQ(kit::cpu_build_in_gpu_job(lookup({{"SLURM_JOB_GPUS", "0,1"}}), 4), "");
+  // A value of KIT_ALLOW_CPU that is neither 0 nor 1 is an error, not a silent "no".
+  job["KIT_ALLOW_CPU"] = "yes";
+  EXPECT_THROW(kit::cpu_build_in_gpu_job(lookup(job), 0), kit::SetupError);
+  job["KIT_ALLOW_CPU"] = "0";
+  EXPECT_NE(kit::cpu_build_in_gpu_job(lookup(job), 0), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // DistributedSampler
 // ---------------------------------------------------------------------------------------------
@@ -1221,6 +1257,61 @@ TEST(CudaRngFile, HoldsTheRanksOwnGpuAndReadsBackUnderAnyVisibility) {
   EXPECT_EQ(cf::parse_cuda_rng(old, 0, 1, got),
             "holds the CUDA random state of 2 GPU(s), and this rank sees 1 (a bit-exact resume of "
             "a checkpoint of an earlier kit needs the same GPUs)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints::stop_requested: a signal is looked at every kStopPollSteps steps, a hook's stop at
+// its own step (one process: the same rule as on N ranks, without the all-reduce)
+// ---------------------------------------------------------------------------------------------
+
+// SIGUSR1 arrives before step 1: the training goes on to step 10, the first polling step, and
+// stops there; a later Checkpoints object (a resumed run) does not forget it either.
+TEST(StopPoll, ASignalStopsAtTheNextMultipleOfTenSteps) {
+  ASSERT_EQ(kit::Checkpoints::kStopPollSteps, 10);
+  const fs::path dir = fs::temp_directory_path() / ("kit-stop-poll-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  kit::Checkpoints checkpoints(dir.string(), "test");  // installs the signal handler
+  ASSERT_EQ(::raise(SIGUSR1), 0);
+  kit::TrainState state;
+  for (int64_t step = 1; step <= 9; ++step) {
+    state.global_step = step;
+    EXPECT_FALSE(checkpoints.stop_requested(state)) << "step " << step << " does not poll";
+  }
+  state.global_step = 10;
+  EXPECT_TRUE(checkpoints.stop_requested(state));
+  EXPECT_TRUE(state.stopped);
+  kit::TrainState resumed;
+  resumed.global_step = 13;
+  EXPECT_FALSE(kit::Checkpoints(dir.string(), "test").stop_requested(resumed));
+  resumed.global_step = 20;
+  EXPECT_TRUE(checkpoints.stop_requested(resumed));
+  fs::remove_all(dir);
+}
+
+// A test's hook stops after the step it names, whichever it is (every rank runs the same hook, so
+// that step polls everywhere); without a signal or a hook, a polling step goes on.
+TEST(StopPoll, AHookStopsAfterItsOwnStep) {
+  const fs::path dir = fs::temp_directory_path() / ("kit-stop-hook-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  kit::Checkpoints checkpoints(dir.string(), "test");
+  std::vector<int64_t> asked;
+  kit::testing::checkpoint_hooks().after_step = [&](int64_t step) {
+    asked.push_back(step);
+    return step == 7;
+  };
+  kit::TrainState state;
+  for (int64_t step = 1; step <= 6; ++step) {
+    state.global_step = step;
+    EXPECT_FALSE(checkpoints.stop_requested(state)) << "step " << step;
+  }
+  state.global_step = 7;
+  EXPECT_TRUE(checkpoints.stop_requested(state));
+  kit::TrainState other;
+  other.global_step = 10;  // polls: no signal, no hook's stop
+  EXPECT_FALSE(checkpoints.stop_requested(other));
+  EXPECT_EQ(asked, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 10})) << "the hook runs after every step";
+  kit::testing::checkpoint_hooks().after_step = nullptr;
+  fs::remove_all(dir);
 }
 
 }  // namespace

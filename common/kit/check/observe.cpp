@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include <ATen/Context.h>
 #include <c10/core/ScalarType.h>
 
 #include "kit/check/model_trace.h"  // the model's records: fingerprints, starting weights
@@ -107,6 +108,13 @@ void batch(const std::string& dataset, const std::vector<size_t>& order, size_t 
   trace::record("batch", dataset + " " + used);
 }
 
+void sample(const std::string& dataset, size_t index, int worker, int64_t start_ns,
+            int64_t end_ns) {
+  trace::record("sample", dataset + " index=" + std::to_string(index) + " worker=" +
+                              std::to_string(worker) + " start_ns=" + std::to_string(start_ns) +
+                              " end_ns=" + std::to_string(end_ns));
+}
+
 void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& device) {
   trace::record("ddp", "params=" + std::to_string(params) + " buckets=" +
                            std::to_string(buckets) + " overlap=" +
@@ -158,5 +166,18 @@ void training_forward(const torch::nn::Module& model, int64_t step) {
 }
 
 void evaluation(const torch::nn::Module& model) { trace::record_evaluation(model); }
+
+void forward_precision(int64_t step, c10::ScalarType output) {
+  const auto p = at::globalContext().float32MatmulPrecision();
+  const char* matmul = p == at::Float32MatmulPrecision::HIGHEST ? "highest"
+                       : p == at::Float32MatmulPrecision::HIGH  ? "high"
+                                                                : "medium";
+  trace::record("precision", "step=" + std::to_string(step) + " output=" + c10::toString(output) +
+                                 " matmul=" + matmul);
+}
+
+void optimizer_step(const char* kind, size_t tensors) {
+  trace::record("optimizer_step", std::string("kind=") + kind + " tensors=" + std::to_string(tensors));
+}
 
 }  // namespace kit::observe::detail

@@ -51,6 +51,8 @@ void sampler(size_t dataset_size, int replicas, int rank, bool shuffle, uint64_t
 void set_epoch(int64_t epoch, size_t dataset_size);
 void batch(const std::string& dataset, const std::vector<size_t>& order, size_t at,
            size_t batch_size);
+void sample(const std::string& dataset, size_t index, int worker, int64_t start_ns,
+            int64_t end_ns);
 void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& device);
 void ddp_step(int64_t step, double waited_s);
 void ddp_buffers(size_t count);
@@ -66,6 +68,8 @@ void resume(const std::string& name);
 void model_to(const torch::Device& device);
 void training_forward(const torch::nn::Module& model, int64_t step);
 void evaluation(const torch::nn::Module& model);
+void forward_precision(int64_t step, c10::ScalarType output);
+void optimizer_step(const char* kind, size_t tensors);
 }  // namespace detail
 
 // Whether this process writes a trace (KIT_TRACE_DIR set). Decided once, at the first call
@@ -138,6 +142,13 @@ template <typename Dataset>
 void batch(const Dataset& data, const std::vector<size_t>& order, size_t at, size_t batch_size) {
   if (on()) detail::batch(data.name(), order, at, batch_size);
 }
+// One sample read by a dataset that reports its reads (kit/data/era5.h): the split, its index, the
+// loader worker that read it (kit::loader_worker(): 0 is the training thread) and when, in
+// steady_clock nanoseconds: the checker sees whether the workers really read at the same time.
+inline void sample(const std::string& dataset, size_t index, int worker, int64_t start_ns,
+                   int64_t end_ns) {
+  if (on()) detail::sample(dataset, index, worker, start_ns, end_ns);
+}
 
 // --- ddp: DistributedDataParallel (kit/ddp/) ---------------------------------------------------
 
@@ -200,6 +211,21 @@ inline void training_forward(const torch::nn::Module& model, int64_t step) {
 }
 inline void evaluation(const torch::nn::Module& model) {  // an evaluation's first forward
   if (on()) detail::evaluation(model);
+}
+// What a forward computed in (step: the training forward's number, 0 for an evaluation's): the
+// dtype of the model's output (the last matmul's: under autocast bf16 or fp16, else fp32) and
+// the float32 matmul precision ATen was set to at that moment ("highest": fp32; "high": TF32 on
+// the GPUs that have it), read from ATen itself.
+inline void forward_precision(int64_t step, c10::ScalarType output) {
+  if (on()) detail::forward_precision(step, output);
+}
+
+// --- perf: one device fast (kit/perf/) --------------------------------------------------------
+
+// An optimizer step of a kit optimizer (kit/perf/fused_adamw.h): its kind and the parameter
+// tensors it updated. torch's own optimizers record nothing.
+inline void optimizer_step(const char* kind, size_t tensors) {
+  if (on()) detail::optimizer_step(kind, tensors);
 }
 
 }  // namespace kit::observe

@@ -3,6 +3,7 @@
 
 #include <random>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "kit/runtime/distributed.h"
@@ -51,6 +52,11 @@ std::vector<size_t> random_order(size_t n) {
   auto* p = perm.data_ptr<int64_t>();
   for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
   return order;
+}
+
+bool can_pin_memory() {
+  static const bool cuda = torch::cuda::is_available();
+  return cuda;
 }
 
 }  // namespace kit

@@ -6,7 +6,8 @@
 // slice, and together the ranks cover the dataset once per epoch (DistributedEvalSampler: each
 // sample exactly once, for evaluation). With LoaderOptions{.workers =
 // N}, N background threads assemble the next batches while the model trains on the current one;
-// the batches and their order stay exactly those of workers = 0.
+// the batches and their order stay exactly those of workers = 0. With .pin_memory = true each
+// batch is in page-locked memory, ready for batch.input.to(device, /*non_blocking=*/true).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/types.h>
 
 #include "kit/data/loader_workers.h"  // LoaderWorkers (the background threads) and Batch
@@ -92,10 +94,20 @@ class DistributedEvalSampler : public DistributedSampler {
 struct LoaderOptions {
   int64_t workers = 0;   // int64_t like the flags (kit/train/args.h), so {.workers = args.workers} works
   int64_t prefetch = 2;  // batches made ahead per worker
+  // PyTorch's DataLoader(pin_memory=True): each batch is copied into page-locked ("pinned") host
+  // memory as it is made (by the worker that made it, when there are workers; PyTorch pins in a
+  // thread of its own). A copy from pinned memory to the GPU with non_blocking = true is a DMA
+  // that the host does not wait for, queued behind the GPU's work; from ordinary (pageable)
+  // memory the host waits for the copy. Only when CUDA is available: on a machine without (CPU
+  // CI, fakegpu's KIT_DEVICE_CHECK=nccl there too) it does nothing, the batches are as without.
+  bool pin_memory = false;
 };
 
 // A random permutation of 0..n-1 from torch's generator (seeded by setup() or manual_seed).
 std::vector<size_t> random_order(size_t n);
+
+// Whether pinning can be done here: CUDA is available (asked once).
+bool can_pin_memory();
 
 // Dataset: anything with size() and get(i) -> {input, target} (and, for the trace, name()).
 template <typename Dataset>
@@ -206,7 +218,12 @@ class DataLoader {
       inputs.push_back(x);
       targets.push_back(y);
     }
-    return {torch::stack(inputs), torch::stack(targets)};
+    Batch batch{torch::stack(inputs), torch::stack(targets)};
+    if (options_.pin_memory && can_pin_memory()) {
+      batch.input = batch.input.pin_memory();
+      batch.target = batch.target.pin_memory();
+    }
+    return batch;
   }
 
   const Dataset* data_;

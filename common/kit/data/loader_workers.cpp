@@ -5,12 +5,22 @@
 
 namespace kit {
 
+namespace {
+thread_local int t_worker = 0;  // set once by each worker thread (work())
+}  // namespace
+
+int loader_worker() { return t_worker; }
+
 LoaderWorkers::LoaderWorkers(std::function<Batch(size_t)> make, size_t first, size_t count,
                              int64_t workers, int64_t prefetch)
     : make_(std::move(make)), count_(count),
       window_(static_cast<size_t>(workers) * static_cast<size_t>(prefetch)),
       next_(first), consumed_(first) {
-  for (int64_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  for (int64_t w = 0; w < workers; ++w)
+    threads_.emplace_back([this, w] {
+      t_worker = static_cast<int>(w) + 1;
+      work();
+    });
 }
 
 LoaderWorkers::~LoaderWorkers() {

@@ -26,6 +26,11 @@ struct Batch {
   torch::Tensor input, target;
 };
 
+// Which worker thread of a LoaderWorkers this is: 1..N on the threads of one with N workers, 0 on
+// any other thread (the training thread). A dataset may report it, for the checker to see the
+// samples read in parallel (kit/data/era5.cpp).
+int loader_worker();
+
 class LoaderWorkers {
  public:
   // make(k) builds batch k; it is called from the worker threads, so it must be thread-safe.

@@ -109,22 +109,28 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   Clock::time_point first_launch;
   double copy_seconds = 0;       // this step's
   // On a GPU the wait and reduce times are device time (compat::record_gpu_event): marks on the
-  // current stream at the first launch, before the waits and after them, read one step later
-  // (or by stats()) so that no step waits for the GPU just to time itself.
-  std::unique_ptr<compat::GpuEvent> launch_mark, wait_mark, done_mark;
+  // current stream at the first launch, before the waits and after them, this step's and the
+  // last finished step's, read one step later (or by stats()) so that no step waits for the GPU
+  // just to time itself.
+  struct Marks {
+    std::unique_ptr<compat::GpuEvent> launch, wait, done;
+  };
+  Marks this_step, last_step;
   DDPStats stats;
   std::mutex mutex;
 
-  // A GPU step's times, from its marks (a no-op without pending marks, e.g. on the CPU).
-  void settle() {
-    if (!done_mark || !wait_mark || !launch_mark) return;
-    const double waited = compat::gpu_seconds(*wait_mark, *done_mark);
+  // The last finished GPU step's times, from its marks (a no-op without them, e.g. on the CPU).
+  // wait = false (at the next backward's end): only if the device has passed them, else that
+  // step goes untimed, as a host that runs ahead must not wait here; true (stats()): waits.
+  void settle(bool wait) {
+    Marks m = std::move(last_step);
+    last_step = {};
+    if (!m.done || !m.wait || !m.launch) return;
+    if (!wait && !compat::gpu_event_done(*m.done)) return;
+    const double waited = compat::gpu_seconds(*m.wait, *m.done);
     stats.wait_seconds += waited;
     stats.last_wait_seconds = waited;
-    stats.last_reduce_seconds = compat::gpu_seconds(*launch_mark, *done_mark);
-    launch_mark.reset();
-    wait_mark.reset();
-    done_mark.reset();
+    stats.last_reduce_seconds = compat::gpu_seconds(*m.launch, *m.done);
   }
 
   // Lays the buckets out (construction, and once more at the rebuild). A gradient that exists
@@ -163,7 +169,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       if (next_launch == 0) {
         first_launch = Clock::now();
-        if (params[0].is_cuda()) launch_mark = compat::record_gpu_event(params[0].device());
+        if (params[0].is_cuda()) this_step.launch = compat::record_gpu_event(params[0].device());
       }
       Bucket& b = buckets[next_launch++];
       b.work = std::make_unique<Work>(group->all_reduce_async({b.flat}, ReduceOp::AVG));
@@ -247,9 +253,9 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
       --buckets[bucket_of[i]].pending;
     }
     launch_ready_buckets();
-    settle();  // the previous step's GPU times, long since recorded
+    settle(false);  // the previous step's GPU times, if the device is past them
     const bool gpu = params[0].is_cuda();
-    if (gpu) wait_mark = compat::record_gpu_event(params[0].device());
+    if (gpu) this_step.wait = compat::record_gpu_event(params[0].device());
     auto start = Clock::now();
     for (auto& b : buckets) b.work->wait();  // the averages are now where .grad looks
     const double waited = seconds_since(start);
@@ -265,7 +271,11 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     }
     for (size_t i = 0; i < params.size(); ++i)
       if (!params[i].grad().defined() && anywhere[i]) params[i].mutable_grad() = windows[i];
-    if (gpu) done_mark = compat::record_gpu_event(params[0].device());
+    if (gpu) {
+      this_step.done = compat::record_gpu_event(params[0].device());
+      last_step = std::move(this_step);
+      this_step = {};
+    }
 
     for (auto& b : buckets) {
       b.pending = b.params.size();
@@ -442,7 +452,7 @@ void DistributedDataParallel::after_forward() { reducer_->after_forward(); }
 
 const DDPStats& DistributedDataParallel::stats() const {
   std::lock_guard<std::mutex> lock(reducer_->mutex);
-  reducer_->settle();
+  reducer_->settle(true);
   return reducer_->stats;
 }
 const std::vector<std::vector<size_t>>& DistributedDataParallel::buckets() const {

@@ -81,7 +81,10 @@ struct DDPStats {
   double wait_seconds = 0;         // total time spent, after backward, waiting for all-reduces
   // The last step's parts (the benchmark prints them). The wait and reduce times are the host's
   // clock on the CPU and the GPU's own time (CUDA events on the current stream) on a GPU, where
-  // NCCL works on a stream of its own and a host clock would time only the enqueue:
+  // NCCL works on a stream of its own and a host clock would time only the enqueue. On a GPU a
+  // step is timed at the end of the next backward if the device has finished it by then (the host
+  // does not wait for it there: wait_seconds leaves out the steps it was ahead of), else by
+  // stats(), which waits:
   double last_wait_seconds = 0;    // after backward, waiting for the all-reduces in flight
   double last_copy_seconds = 0;    // copying gradients into buckets (0 when they were in place)
   double last_reduce_seconds = 0;  // first all-reduce started -> the last one seen finished

@@ -11,8 +11,8 @@
 //
 // Sizes: the default (width 8, 1 block: ~20k parameters) trains in seconds on a CPU, for the
 // tests and `kit check`. On GPUs, --width 16 --blocks 3 is the ResNet-20 of the original paper
-// (0.27 M parameters, ~91% on CIFAR-10 after ~60 epochs); --width 64 --blocks 2 is about
-// 4 M parameters, big enough that a GPU, not the loader, sets the pace.
+// (0.27 M parameters, ~91% on CIFAR-10 after ~60 epochs); --width 64 --blocks 2 is 2.8 M
+// parameters; --preset gpu (width 128, 2 blocks: 11.1 M) is sized in kit/train/image_args.cpp.
 #pragma once
 
 #include <cstdint>

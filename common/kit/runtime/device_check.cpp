@@ -2,6 +2,7 @@
 #include "kit/runtime/device_check.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_native.h>
@@ -28,6 +30,13 @@
 #endif
 
 namespace kit::device_check {
+namespace {
+// Host synchronisations on fakegpu (device_check.h), and whether this thread is inside ATen's
+// CPU fallback, whose own copies are not the program's.
+std::atomic<int64_t> g_host_syncs{0};
+thread_local bool t_in_fallback = false;
+}  // namespace
+
 #if KIT_HAVE_FAKE_DEVICE
 namespace {
 
@@ -120,10 +129,18 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                                            c10::dtype_or_default(dtype));
 }
 
-// Any copy that involves fakegpu (either way, or within it): a CPU copy between aliases.
-at::Tensor copy_between(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+// Any copy that involves fakegpu (either way, or within it): a CPU copy between aliases. One
+// between fakegpu and the CPU that the program asked to block is a host synchronisation on a GPU.
+at::Tensor copy_between(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (!non_blocking && self.is_cpu() != dst.is_cpu() && !t_in_fallback) ++g_host_syncs;
   host_alias(dst).copy_(host_alias(self));
   return dst;
+}
+
+// A fakegpu value read on the host (item(), and whatever calls it): the host would wait for it.
+at::Scalar local_scalar(const at::Tensor& self) {
+  if (!t_in_fallback) ++g_host_syncs;
+  return at::_local_scalar_dense(host_alias(self));
 }
 
 const at::Tensor& grow(const at::Tensor& self, c10::IntArrayRef size,
@@ -151,8 +168,18 @@ bool shallow_copy_compatible(const at::Tensor& self, const at::Tensor& from) {
   return plain(self) && plain(from);
 }
 
+// Every other operator: its CPU kernel, through ATen's fallback (inputs copied to the CPU, results
+// copied back). Those copies are marked: the fake device's way of computing, not host syncs.
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  at::native::cpu_fallback(op, stack);
+  const bool outer = t_in_fallback;
+  t_in_fallback = true;
+  try {
+    at::native::cpu_fallback(op, stack);
+  } catch (...) {
+    t_in_fallback = outer;
+    throw;
+  }
+  t_in_fallback = outer;
 }
 
 void register_device() {
@@ -168,6 +195,7 @@ void register_device() {
   kernels->impl("empty_strided", TORCH_FN(empty_strided));
   kernels->impl("_copy_from", TORCH_FN(copy_between));
   kernels->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  kernels->impl("_local_scalar_dense", TORCH_FN(local_scalar));
   kernels->impl("resize_", TORCH_FN(grow));
   // Views share their input's memory: the CPU versions only do arithmetic on sizes and strides.
   kernels->impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
@@ -220,5 +248,12 @@ torch::Tensor host_alias(const torch::Tensor& t) {
 torch::Device device() { return torch::Device(torch::kCPU); }
 torch::Tensor host_alias(const torch::Tensor& t) { return t; }
 #endif
+
+void count_host_syncs(torch::Device device) {
+  // fakegpu counts all the time (a few increments); a GPU needs CUDA's sync debug mode on.
+  if (device.is_cuda()) compat::count_cuda_syncs();
+}
+
+int64_t host_syncs() { return g_host_syncs.load() + compat::cuda_syncs(); }
 
 }  // namespace kit::device_check

@@ -36,4 +36,21 @@ torch::Device device();
 // for a tensor on fakegpu. A CPU tensor is returned as it is.
 torch::Tensor host_alias(const torch::Tensor& t);
 
+// Host synchronisations: the calls that make the host wait until the device has caught up (a
+// blocking copy between the device and the host, a device value read on the host: item(),
+// .cpu()). Each one stalls the launch queue, and a GPU step without any lets the host run ahead.
+// count_host_syncs() starts counting, host_syncs() is the count so far, in this process:
+//  - on fakegpu (this mode): a copy between fakegpu and the CPU with non_blocking false, and a
+//    host read of a fakegpu value (_local_scalar_dense, which item() calls), one each. The copies
+//    that ATen's CPU fallback makes for every operator it runs (inputs to the CPU and results
+//    back) are the fake device's way of computing, not the program's: not counted;
+//  - on a GPU: every call CUDA's sync debug mode warns about (torch.cuda.set_sync_debug_mode
+//    ("warn"): stream and device synchronisations, blocking copies, item()), counted by a warning
+//    handler on the calling thread, which also sees the warnings of the backward passes it runs
+//    (autograd replays them there). Those warnings are counted, not printed. PyTorch says this
+//    mode does not see everything (torch.distributed's calls, for one);
+//  - elsewhere (a CPU run): nothing to wait for, the count stays 0.
+void count_host_syncs(torch::Device device);
+int64_t host_syncs();
+
 }  // namespace kit::device_check

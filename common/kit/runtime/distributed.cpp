@@ -158,6 +158,14 @@ Setup setup(uint64_t seed) {
   if (g_group) throw SetupError("setup() was called twice");
   RankEnv env = read_rank_env();
 
+  const EnvLookup lookup = [](const char* v) { return std::getenv(v); };
+  // A CPU build in a job with GPUs trains on the CPU in silence: stop (kit/runtime/env.h,
+  // cpu_build_in_gpu_job), unless --allow-cpu / KIT_ALLOW_CPU=1 says that is meant.
+  if (!compat::kHaveNccl) {
+    // (No "rank N: " here: the one line of an uncaught error starts with it, kit/runtime/process.h.)
+    if (const std::string why = cpu_build_in_gpu_job(lookup, driver_gpus()); !why.empty())
+      throw SetupError(why);
+  }
   bool cuda = torch::cuda::is_available();
   const torch::Device device(device_for(env, cuda ? static_cast<int>(torch::cuda::device_count()) : 0,
                                         std::getenv("CUDA_VISIBLE_DEVICES")));
@@ -176,8 +184,9 @@ Setup setup(uint64_t seed) {
     // A CUDA build that sees no GPU although Slurm gave the job some here: the binding left this
     // task none. Training on the CPU would be silent and slow (kit/runtime/env.h,
     // gpus_given_but_unseen).
-    const std::string why = gpus_given_but_unseen([](const char* v) { return std::getenv(v); }, 0);
-    if (!why.empty()) throw SetupError("rank " + std::to_string(env.rank) + ": " + why);
+    const std::string why = gpus_given_but_unseen(lookup, 0);
+    if (!why.empty() && !cpu_run_allowed(lookup))
+      throw SetupError("rank " + std::to_string(env.rank) + ": " + why);
     // Said once, by rank 0: the job runs, but not where the user probably thinks.
     if (env.rank == 0)
       std::fprintf(stderr, "kit: this LibTorch is a CUDA build, but no GPU is visible: training "

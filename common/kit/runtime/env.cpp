@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace kit {
@@ -105,6 +106,44 @@ std::string gpus_given_but_unseen(const EnvLookup& env, int visible_gpus) {
            "--ntasks-per-node=N and --gpu-bind=none), and leave CUDA_VISIBLE_DEVICES to Slurm";
   }
   return "";
+}
+
+bool cpu_run_allowed(const EnvLookup& env) {
+  const char* v = env("KIT_ALLOW_CPU");
+  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw SetupError(std::string("KIT_ALLOW_CPU='") + v + "' is not 0 or 1");
+}
+
+std::string cpu_build_in_gpu_job(const EnvLookup& env, int gpus_of_driver) {
+  if (!has(env, "SLURM_JOB_ID") || cpu_run_allowed(env)) return "";
+  std::string evidence;
+  for (const char* v : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"}) {
+    if (has(env, v) && std::string(env(v)) != "0") {
+      evidence = std::string(v) + "=" + env(v);
+      break;
+    }
+  }
+  if (evidence.empty() && gpus_of_driver > 0)
+    evidence = "the NVIDIA driver lists " + std::to_string(gpus_of_driver) + " GPU(s) here";
+  if (evidence.empty()) return "";
+  // The module to load: the site profile's list where the profile exported it (sbatch/sites/).
+  const std::string module = has(env, "KIT_MODULES")
+                                 ? std::string("'module load ") + env("KIT_MODULES") + "'"
+                                 : "your site's PyTorch module ('module spider PyTorch')";
+  return "this program was built against a CPU-only LibTorch, but it runs in a Slurm job with "
+         "GPUs (" + evidence + "): it would train on the CPU while the GPUs idle; load " + module +
+         ", rebuild in a new build folder (./kit build takes the torch that python3 imports), "
+         "or allow a CPU run with --allow-cpu (KIT_ALLOW_CPU=1)";
+}
+
+int driver_gpus() {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", ec), end; !ec && it != end;
+       it.increment(ec))
+    ++n;
+  return n;
 }
 
 int port_for_job(long job_id) { return 20000 + static_cast<int>(job_id % 10000); }

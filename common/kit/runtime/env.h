@@ -57,8 +57,28 @@ std::string shared_gpu(const std::vector<std::string>& gpu_of_rank);
 // SLURM_STEP_GPUS or SLURM_JOB_GPUS set and not empty): a binding that left this task none (a
 // --gpu-bind map with fewer entries than tasks, CUDA_VISIBLE_DEVICES cleared by the script).
 // Training on the CPU there would be silent and slow: one line saying which flags to use, or ""
-// when the rank sees a GPU or Slurm gave none. Only asked in a CUDA build.
+// when the rank sees a GPU or Slurm gave none. Only asked in a CUDA build; setup() lets
+// KIT_ALLOW_CPU=1 (cpu_run_allowed, below) pass it: a CPU run that is meant.
 std::string gpus_given_but_unseen(const EnvLookup& getenv, int visible_gpus);
+
+// A program built against a CPU-only LibTorch that starts inside a Slurm job (SLURM_JOB_ID set)
+// with GPUs on this node: Slurm says so (SLURM_STEP_GPUS, SLURM_JOB_GPUS or SLURM_GPUS_ON_NODE set
+// and not 0), or the NVIDIA driver lists GPUs (driver_gpus > 0: a site that hands out whole GPU
+// nodes without a GRES). It would train on the CPU while the job's GPUs idle, and nothing would say
+// so. Returns one line saying that the build has no CUDA and which module to load (the site
+// profile's KIT_MODULES when exported, sbatch/sites/), or "" where that is not the case or a CPU
+// run is allowed: KIT_ALLOW_CPU=1 (set by every kit program's --allow-cpu flag, kit/train/args.h).
+// Only asked in a CPU build: a CUDA build's own case is gpus_given_but_unseen().
+std::string cpu_build_in_gpu_job(const EnvLookup& getenv, int driver_gpus);
+
+// The GPUs the NVIDIA driver lists on this machine (the entries of /proc/driver/nvidia/gpus/),
+// without CUDA: what a CPU build can know. 0 without the driver.
+int driver_gpus();
+
+// KIT_ALLOW_CPU=1: a CPU run inside a GPU job is what the user wants (exercise checks in an
+// allocation too small for their ranks, a test cluster with fake GPUs). Anything else but unset,
+// "" or "0" is a SetupError, so that a typo does not silently mean "no".
+bool cpu_run_allowed(const EnvLookup& getenv);
 
 // "jwb[0012-0015,0020],login1" -> "jwb0012": the first host of a Slurm node list, without
 // needing `scontrol show hostnames` (which is not there inside every container).

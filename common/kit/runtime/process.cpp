@@ -50,8 +50,10 @@ std::string current_error() {
 bool on_main_thread() { return static_cast<pid_t>(syscall(SYS_gettid)) == getpid(); }
 
 [[noreturn]] void end_with_one_line() {
-  const std::string what = current_error();
+  std::string what = current_error();
   const std::string rank = rank_label();
+  // A kit error that names its rank already ("rank 0: all_reduce #4 ...") is not prefixed twice.
+  if (!rank.empty() && what.rfind(rank + ": ", 0) == 0) what.erase(0, rank.size() + 2);
   std::fflush(stdout);
   if (on_main_thread()) {
     std::fprintf(stderr, "%s%serror: %s\n", rank.c_str(), rank.empty() ? "" : ": ", what.c_str());

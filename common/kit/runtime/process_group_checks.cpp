@@ -83,10 +83,15 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
   w->what = std::string(kind) + " #" + std::to_string(seq) + " (" + site.str() + ")";
   w->who = who();
   w->timeout_s = impl_->timeout.count() / 1000;
-  if (!impl_->alive)
+  if (!impl_->alive) {
+    // A group that an object kept (DDP's, ZeRO's, kit::control's traffic) reached after
+    // destroy_process_group(): traced as the kit's own refusals are (distributed.cpp), so that the
+    // checker blames the call that closed the group too early, not the caller that found it closed.
+    observe::after_destroy(kind, &site);
     throw CommError(w->who + ": " + w->what +
                     " after destroy_process_group(): the process group is closed. "
                     "destroy_process_group() must be the last kit call of the program");
+  }
   const int64_t bytes = t.defined() ? t.numel() * t.element_size() : 0;
   stats_.calls[kind] += 1;
   stats_.bytes[kind] += bytes;

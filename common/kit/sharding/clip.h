@@ -4,7 +4,8 @@
 // torch.nn.utils.clip_grad_norm_(params, max_norm) takes the L2 norm of ALL the gradients
 // together, ||g|| = sqrt(sum of every element squared), and scales every gradient by
 // min(1, max_norm / (||g|| + 1e-6)). Under DDP every rank holds the whole averaged gradient after
-// backward, so torch::nn::utils::clip_grad_norm_ on the parameters gives the same on every rank.
+// backward, so clip_grad_norm_ on the parameters gives the same on every rank (the trainers use
+// kit::clip_grad_norm_ of kit/train/clip.h, which leaves the norm on the device).
 // Under ZeRO rank r holds only its shard: clipping each shard by its own norm would scale the
 // shards differently (another direction, not just another length). The global norm needs every
 // shard: each rank sums the squares of its shard, one all-reduce adds those sums up, and every

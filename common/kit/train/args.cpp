@@ -82,6 +82,7 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
       std::printf("usage: %s [flags]\n", argv[0]);
       for (const Flag& f : flags) std::printf("  %-18s %s\n", f.name.c_str(), f.help.c_str());
       for (const auto& [name, help] : taken_flags()) std::printf("  %-18s %s\n", name.c_str(), help.c_str());
+      std::printf("  %-18s %s\n", "--allow-cpu", "a CPU run in a Slurm job with GPUs, which a CPU-only build refuses (KIT_ALLOW_CPU=1)");
       std::exit(0);
     }
     std::string value;
@@ -89,6 +90,11 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
+    }
+    if (arg == "--allow-cpu") {  // every program's: read by setup() (kit/runtime/env.h)
+      if (eq != std::string::npos) flag_error(arg + " takes no value");
+      setenv("KIT_ALLOW_CPU", "1", 1);
+      continue;
     }
     const Flag* f = find(arg);
     if (f == nullptr) flag_error("unknown flag '" + arg + "'");
@@ -102,7 +108,73 @@ void parse_flags(int argc, char** argv, const std::vector<Flag>& flags) {
   }
 }
 
+std::vector<std::string> with_preset(int argc, char** argv, const std::vector<Preset>& presets) {
+  std::vector<std::string> rest, front;
+  std::string name;
+  bool given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--preset" || arg.rfind("--preset=", 0) == 0) {
+      if (arg == "--preset" && i + 1 >= argc) flag_error("--preset needs a value");
+      name = arg == "--preset" ? argv[++i] : arg.substr(9);
+      given = true;
+      continue;
+    }
+    rest.push_back(arg);
+  }
+  if (given) {
+    const Preset* found = nullptr;
+    std::string known;
+    for (const Preset& p : presets) {
+      if (p.name == name) found = &p;
+      known += (known.empty() ? "" : ", ") + p.name;
+    }
+    if (found == nullptr) flag_error("--preset " + name + " is not a preset (known: " + known + ")");
+    front = found->flags;
+  }
+  std::vector<std::string> out{argc > 0 ? argv[0] : "program"};
+  out.insert(out.end(), front.begin(), front.end());
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+// The preset "gpu" of exercises 01 and 03: a Transformer of 6 layers, width 512 (8 heads, feed-
+// forward 2048), 64 sequences of 256 words per rank and step. Sized by what a step computes
+// against what its all-reduce moves, for the WikiText-2 vocabulary of 33,278 words:
+//   * parameters: 53.0 M (embedding and head 17.0 M each, 3.15 M per layer; counted from the
+//     model by unit.Presets.LmGpuSizes), so the all-reduce moves 212 MB of fp32 gradients, and a
+//     ring all-reduce sends 2(N-1)/N of that from each GPU: 371 MB on 8 GPUs;
+//   * FLOPs: 6 per weight of a matrix product and per token, forward and backward (Kaplan et al.
+//     2020, "Scaling Laws for Neural Language Models", section 2.1: C = 6N per token), plus the
+//     attention's scores and weighted sums (3 x 4 x seq x width per layer and token): 35.9 M
+//     weights in matrix products (the embedding is a lookup) x 6 + 9.4 M = 225 MFLOP per token,
+//     3.7 TFLOP per rank and step (16,384 tokens);
+//   * so a step takes at least 189 ms on an A100 (19.5 TFLOP/s in FP32, which LibTorch's matrix
+//     products use: TF32 is off for them by default) and 55 ms on an H100 SXM (67 TFLOP/s), while
+//     its all-reduce over two nodes takes 15 ms at 25 GB/s per GPU (an InfiniBand HDR200 link
+//     per GPU, as on JUWELS Booster): the step's arithmetic is 13x (A100) or 4x (H100) its
+//     communication, both at peak rates, and DDP hides part of the communication behind the
+//     backward. At the defaults (1,024 tokens per step, 2 layers of width 128) a step is 28
+//     GFLOP with WikiText-2's vocabulary, 1.4 ms at an A100's peak, while its all-reduce moves
+//     35 MB (8.8 M parameters, most of them the embedding and the head): 2.5 ms at 25 GB/s.
+const std::vector<Preset>& lm_presets() {
+  static const std::vector<Preset> presets = {
+      {"gpu",
+       "a step long enough on an A100 or H100 to show scaling: --d-model 512 --heads 8 "
+       "--layers 6 --feedforward 2048 --seq-len 256 --batch-size 64 --eval-batch-size 64 "
+       "(53 M parameters with WikiText-2)",
+       {"--d-model", "512", "--heads", "8", "--layers", "6", "--feedforward", "2048", "--seq-len",
+        "256", "--batch-size", "64", "--eval-batch-size", "64"}},
+  };
+  return presets;
+}
+
 TrainArgs parse_args(int argc, char** argv) {
+  std::vector<std::string> words = with_preset(argc, argv, lm_presets());
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   TrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
 #ifdef KIT_DEFAULT_DATA_DIR
@@ -137,6 +209,7 @@ TrainArgs parse_args(int argc, char** argv) {
       {"--clip-grad", "clip the averaged gradient to this global L2 norm before each step (default: no clipping)", [&](auto v) { a.clip_grad = clip_norm(v); }},
       {"--keep-checkpoints", "how many checkpoints to keep in <out-dir>/checkpoints", [&](auto v) { a.keep_checkpoints = to_int("--keep-checkpoints", v, 1); }},
       {"--resume", "continue from the newest checkpoint, which must exist (default: continue if there is one)", [&](auto) { a.resume = true; }, true},
+      {"--preset", "gpu: " + lm_presets()[0].help + "; flags given with it win", [](auto) {}},
   });
   if (a.d_model % a.heads != 0) flag_error("--d-model must be a multiple of --heads");
   if (a.data_dir.empty()) flag_error("no data folder: pass --data-dir or set KIT_DATA_DIR");

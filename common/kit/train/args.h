@@ -58,6 +58,24 @@ int64_t flag_int(const std::string& flag, const std::string& value, int64_t lo,
 // A number in [lo, hi], else flag_error naming the flag and the value.
 double flag_real(const std::string& flag, const std::string& value, double lo, double hi);
 
+// Every kit program's parse_flags() also takes --allow-cpu: the same as KIT_ALLOW_CPU=1, a CPU
+// run in a Slurm job with GPUs that a CPU-only build would otherwise refuse
+// (kit/runtime/env.h, cpu_build_in_gpu_job).
+
+// A named set of flags, --preset NAME (or --preset=NAME): the preset's flags are read first and
+// the command line's after them, so that a flag given on the command line wins over the preset's.
+struct Preset {
+  std::string name, help;          // help: what it is for, on --help
+  std::vector<std::string> flags;  // e.g. {"--d-model", "512", ...}
+};
+// argv without --preset NAME, the preset's flags placed right after the program's name; an
+// unknown NAME is flag_error listing the known ones. Without --preset: argv as it is.
+std::vector<std::string> with_preset(int argc, char** argv, const std::vector<Preset>& presets);
+// The presets of parse_args() (exercises 01 and 03, one model): "gpu", a step long enough on an
+// A100 or H100 for the scaling lesson. How it was sized (args.cpp): the FLOPs of a step against
+// the bytes its all-reduce moves.
+const std::vector<Preset>& lm_presets();
+
 // For a program that adds one flag of its own to parse_args()'s (exercise 03's --zero-stage):
 // removes --name value or --name=value from argv and returns the value, `absent` when the flag
 // is not there. Call it before parse_args(), which refuses flags it does not know, and which

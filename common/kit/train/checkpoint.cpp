@@ -68,9 +68,14 @@ Checkpoints::Checkpoints(const std::string& out_dir, std::string fingerprint, in
 
 bool Checkpoints::stop_requested(TrainState& state) {
   bool mine = g_stop_signal != 0;
-  // A test's stop after a given step, or its slower step (kit/train/checkpoint_hooks.h).
+  // A test's stop after a given step, or its slower step (kit/train/checkpoint_hooks.h). Every
+  // rank runs the same hook, so a step it stops at polls on every rank.
+  bool hook = false;
   if (auto& after_step = testing::checkpoint_hooks().after_step; after_step && after_step(state.global_step))
-    mine = true;
+    mine = hook = true;
+  // Only every kStopPollSteps steps (the same steps on every rank): the agreement below is a
+  // collective, and its answer a value the host waits for. A signal waits for the next one.
+  if (!hook && state.global_step % kStopPollSteps != 0) return state.stopped;
   if (everyone()) {
     // Signals reach the ranks at slightly different moments: agree, so all stop after the same
     // step. A host value: kit::control stages it through the rank's device (NCCL moves nothing

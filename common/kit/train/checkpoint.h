@@ -6,6 +6,12 @@
 //   ... after every optimizer step:
 //   if (checkpoints.stop_requested(state)) { checkpoints.save(model, optimizer, state); ... }
 //
+// A stop signal (Slurm's SIGUSR1 before the time limit, SIGTERM) is looked at every
+// kStopPollSteps = 10 optimizer steps, at global steps 10, 20, 30...: the ranks must agree to stop
+// after the same step, and agreeing is a collective whose answer the host waits for (on a GPU:
+// until the device has caught up). So a signal stops the training within 10 steps; ask Slurm
+// for a warning that covers 10 steps and a save (sbatch/README.md).
+//
 // Why: every cluster job has a time limit and nodes fail. A checkpoint holds the model, the
 // optimizer state, where training is (epoch, step in the epoch, the epoch's loss so far), the
 // best validation loss and every rank's random-number state, so a resumed run continues exactly
@@ -90,9 +96,14 @@ class Checkpoints {
             TrainState& state);
 
   // True (and state.stopped set) on every rank once any rank got SIGUSR1 or SIGTERM (Slurm's
-  // warning before the time limit, or scancel): the ranks agree with a tiny all-reduce, so that
-  // all stop after the same step. (A test's after_step hook may request a stop too.)
+  // warning before the time limit, or scancel), at the first polling step after it: a global
+  // step that is a multiple of kStopPollSteps. There the ranks agree with a tiny all-reduce, so
+  // that all stop after the same step; at every other step it returns at once, without a
+  // collective and without waiting for the device. Every rank must call it after every step.
+  // A test's after_step hook (kit/train/checkpoint_hooks.h) may request a stop after any step:
+  // every rank runs the same hook, so that step polls on every rank.
   bool stop_requested(TrainState& state);
+  static constexpr int64_t kStopPollSteps = 10;
 
   // ZeRO (kit/train/zero_checkpoint.h): no rank holds the whole model and optimizer, so instead
   // of rank 0 writing them, every rank writes its own shard with save_shard(<checkpoint>/zero) and

@@ -21,7 +21,10 @@ namespace kit::testing {
 
 struct CheckpointHooks {
   // Every rank, in Checkpoints::stop_requested after each optimizer step, before the ranks agree:
-  // true requests a stop after this step (as SIGUSR1 would). It may also sleep (a slower step).
+  // true requests a stop after this step (as SIGUSR1 would, but at once, not at the next polling
+  // step: the ranks agree at this step). It must return the same on every rank for a step (the
+  // preloaded library's does: every rank reads the same variables), or the ranks that return true
+  // would wait in the agreement for the others. It may also sleep (a slower step).
   std::function<bool(int64_t global_step)> after_step;
   // Rank 0, in the middle of a save: the model and optimizer (or the shards) are in `tmp_dir`,
   // the MANIFEST is not. Raising SIGKILL here is a node failure half-way through a save.

@@ -22,7 +22,37 @@ int64_t ImageTrainArgs::batch_per_rank(int world_size) const {
   return b;
 }
 
+// The preset "gpu" of exercise 02: the ResNet at width 128 with 2 blocks per stage, 512 images
+// per rank and step. Sized by what a step computes against what its all-reduce moves:
+//   * parameters: 11.1 M (counted from the model by unit.Presets.ImageGpuSizes): the all-reduce
+//     moves 44 MB of fp32 gradients, and a ring all-reduce sends 2(N-1)/N of that from each GPU,
+//     78 MB on 8 GPUs: 3.1 ms at 25 GB/s per GPU (an InfiniBand HDR200 link per GPU, as on
+//     JUWELS Booster);
+//   * FLOPs: the convolutions' multiply-adds, 1.68 G per 32x32 image forward (counted layer by
+//     layer by the same test), x 2 FLOPs x 3 for forward and backward: 10.1 GFLOP per image,
+//     5.2 TFLOP per rank and step;
+//   * so a step takes at least 33 ms on an A100 (156 TFLOP/s: cuDNN's convolutions run in TF32 by
+//     default) and 10 ms on an H100 SXM (495 TFLOP/s dense TF32): 11x (A100) or 3x (H100) the
+//     all-reduce, both at peak rates. At the defaults (width 8, 1 block, 32 images) a step is
+//     0.6 GFLOP, 4 us at that peak, and the all-reduce 80 kB: latencies decide both.
+// The batch norm statistics and the loader (4 worker threads) stay on the CPU side of a step.
+const std::vector<Preset>& image_presets() {
+  static const std::vector<Preset> presets = {
+      {"gpu",
+       "a step long enough on an A100 or H100 to show scaling: --width 128 --blocks 2 "
+       "--batch-size 512 --eval-batch-size 500 --workers 4 (11.1 M parameters)",
+       {"--width", "128", "--blocks", "2", "--batch-size", "512", "--eval-batch-size", "500",
+        "--workers", "4"}},
+  };
+  return presets;
+}
+
 ImageTrainArgs parse_image_args(int argc, char** argv) {
+  std::vector<std::string> words = with_preset(argc, argv, image_presets());
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   ImageTrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
 #ifdef KIT_DEFAULT_IMAGE_DIR
@@ -60,6 +90,7 @@ ImageTrainArgs parse_image_args(int argc, char** argv) {
       {"--target-acc", "the summary's time to this test accuracy (0: none)", [&](auto v) { a.target_acc = flag_real("--target-acc", v, 0, 1); }},
       {"--run-label", "the summary row's label", text(a.run_label)},
       {"--summary-csv", "rank 0 appends one row of figures to this file", text(a.summary_csv)},
+      {"--preset", "gpu: " + image_presets()[0].help + "; flags given with it win", [](auto) {}},
   });
   if (a.data_dir.empty()) flag_error("no data folder: pass --data-dir or set KIT_DATA_DIR");
   if (a.global_batch == 0 && a.batch_size % a.accum_steps != 0)

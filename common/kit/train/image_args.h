@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "kit/train/args.h"     // Preset
 #include "kit/train/lr_rule.h"  // LrScaling
 
 namespace kit {
@@ -42,5 +44,9 @@ struct ImageTrainArgs {
 // command line (an unknown --lr-scaling rule, --workers < 0, --accum-steps that does not divide
 // the batch).
 ImageTrainArgs parse_image_args(int argc, char** argv);
+
+// The presets of parse_image_args() (--preset NAME, kit/train/args.h's Preset): "gpu", a step
+// long enough on an A100 or H100 for the scaling lesson (how it was sized: image_args.cpp).
+const std::vector<Preset>& image_presets();
 
 }  // namespace kit

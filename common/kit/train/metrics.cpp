@@ -16,9 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
 #include "kit/compat.h"
 #include "kit/runtime/distributed.h"
 #include "kit/runtime/files.h"
+#include "kit/train/checkpoint.h"  // Checkpoints::kStopPollSteps: rows are written at polling steps
+#include "kit/train/memory.h"
 #include "kit/check/observe.h"
 
 namespace kit {
@@ -189,9 +194,9 @@ std::string epoch_eta(int64_t done, int64_t of, double per_step) {
 Metrics::Metrics(const std::string& out_dir, int64_t batch_size, torch::Device device,
                  int64_t first_step, double progress_every_s, Clock clock)
     : batch_size_(batch_size), steps_(first_step), steps_at_last_line_(first_step),
-      device_(device), every_s_(progress_every_s),
+      ranks_(get_world_size()), device_(device), every_s_(progress_every_s),
       clock_(clock ? std::move(clock) : Clock([] { return std::chrono::steady_clock::now(); })) {
-  start_ = last_step_ = last_line_ = epoch_first_ = epoch_last_ = clock_();
+  start_ = last_line_ = last_write_ = epoch_first_ = epoch_last_ = clock_();
   // An instructor watching a demo, or a test that wants every progress line, can ask for more.
   if (const char* every = std::getenv("KIT_PROGRESS_S")) {
     char* end = nullptr;
@@ -208,6 +213,11 @@ Metrics::Metrics(const std::string& out_dir, int64_t batch_size, torch::Device d
 }
 
 Metrics::~Metrics() {
+  try {
+    write_rows(false);  // a stop's last steps: the program ends cleanly after its checkpoint
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "metrics: the last rows of metrics.csv are lost: %s\n", e.what());
+  }
   if (csv_) std::fclose(csv_);
 }
 
@@ -219,48 +229,93 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epo
   // the first step's one-time allocations do not count), the last one stops it.
   if (epoch_steps_++ == 0) epoch_first_ = now;
   epoch_last_ = now;
-  double dt = std::chrono::duration<double>(now - last_step_).count();
-  last_step_ = now;
   // Every rank's loss of every step, for the checker's step-by-step comparison with the
   // solution's run (read only when tracing: item() waits for the GPU).
   observe::step(epoch, steps_, loss);
   if (csv_ == nullptr) return;
-  double elapsed = std::chrono::duration<double>(now - start_).count();
-  int ranks = get_world_size();
-  double rate = dt > 0 ? static_cast<double>(batch_size_ * ranks) / dt : 0.0;
-  double value = loss.item<double>();
-  // %.9g: a float32 loss exactly, so two runs can be compared bit for bit from their CSVs.
-  std::fprintf(csv_, "%ld,%ld,%.9g,%.1f,%d,%.3f,,,,,\n", steps_, epoch + 1, value, rate, ranks,
-               elapsed);
-  // Every row reaches the file at once: a killed run keeps the rows up to its last checkpoint
-  // (before, a SIGKILL lost everything since the last progress line, header included).
-  std::fflush(csv_);
+  // The loss stays on the device until its row is written (see the header).
+  rows_.push_back({steps_, epoch, std::chrono::duration<double>(now - start_).count()});
+  losses_.push_back(loss.detach());
+  // The steps timed: from the end of the epoch's first step (see step_timer() in the header).
+  if (epoch_steps_ == 1) {
+    timer_.start(now);
+    timed_from_ = now, timed_ = 0;
+  } else {
+    ++timed_;
+  }
+  step_in_epoch_ = step_in_epoch;
+  steps_per_epoch_ = steps_per_epoch;
   // A line every few seconds: long runs show they are alive, short ones stay quiet.
-  double since = std::chrono::duration<double>(now - last_line_).count();
-  if (since >= every_s_) {
-    double avg_rate = static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * ranks) / since;
-    std::printf("  epoch %ld, step %ld: loss %.4f, %.0f samples/s, %.0f s elapsed%s\n", epoch + 1,
-                steps_, value, avg_rate, elapsed,
-                epoch_eta(step_in_epoch, steps_per_epoch, epoch_step_seconds(dt)).c_str());
+  const bool line = std::chrono::duration<double>(now - last_line_).count() >= every_s_;
+  if (line || steps_ % Checkpoints::kStopPollSteps == 0) write_rows(line);
+}
+
+void Metrics::write_rows(bool progress_line) {
+  if (csv_ == nullptr || rows_.empty()) return;
+  // One read for all of them: the host waits here until the device has done these steps.
+  const auto losses = torch::stack(losses_).cpu().to(torch::kDouble).contiguous();
+  const double* value = losses.data_ptr<double>();
+  const auto now = clock_();  // after the read: device time, on a GPU too
+  const int ranks = ranks_;
+  const auto n = static_cast<int64_t>(rows_.size());
+  // Every row of the batch gets the batch's rate, the host's clock per step being no measure on
+  // a GPU, where the host runs ahead (see the header): the samples of the steps timed since the
+  // last write (or since the epoch's first step: no evaluation counts) over their time. Only when
+  // none was timed (the epoch's first step is the batch), the time since the last write.
+  const double per_step =
+      timed_ > 0 ? std::chrono::duration<double>(now - timed_from_).count() / static_cast<double>(timed_)
+                 : std::chrono::duration<double>(now - last_write_).count() / static_cast<double>(n);
+  const double rate = per_step > 0 ? static_cast<double>(batch_size_ * ranks) / per_step : 0.0;
+  for (int64_t k = 0; k < n; ++k) {
+    const Row& r = rows_[static_cast<size_t>(k)];
+    // %.9g: a float32 loss exactly, so two runs can be compared bit for bit from their CSVs.
+    std::fprintf(csv_, "%ld,%ld,%.9g,%.1f,%d,%.3f,,,,,\n", r.step, r.epoch + 1, value[k], rate,
+                 ranks, r.elapsed_s);
+  }
+  // The rows reach the file at once: a killed run keeps every row written so far.
+  std::fflush(csv_);
+  if (progress_line) {
+    const Row& last = rows_.back();
+    const double since = std::chrono::duration<double>(now - last_line_).count();
+    const double avg_rate =
+        since > 0 ? static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * ranks) / since : 0.0;
+    std::printf("  epoch %ld, step %ld: loss %.4f, %.0f samples/s, %.0f s elapsed%s\n",
+                last.epoch + 1, last.step, value[n - 1], avg_rate,
+                std::chrono::duration<double>(now - start_).count(),
+                epoch_eta(step_in_epoch_, steps_per_epoch_,
+                          epoch_step_seconds(now, per_step)).c_str());
     std::fflush(stdout);
     last_line_ = now;
     steps_at_last_line_ = steps_;
   }
+  if (timed_ > 0) {
+    timer_.lap(now, timed_);
+    timed_from_ = now, timed_ = 0;
+  }
+  rows_.clear();
+  losses_.clear();
+  last_write_ = now;
 }
 
-double Metrics::epoch_step_seconds(double otherwise) const {
-  const double span = std::chrono::duration<double>(epoch_last_ - epoch_first_).count();
+double Metrics::epoch_step_seconds(TimePoint last, double otherwise) const {
+  const double span = std::chrono::duration<double>(last - epoch_first_).count();
   return epoch_steps_ >= 2 && span > 0 ? span / static_cast<double>(epoch_steps_ - 1) : otherwise;
 }
 
 void Metrics::end_epoch(int64_t epoch) {
+  // On a GPU the epoch ends when the device has done its last step, not when the host queued it.
+  if (device_.is_cuda() && epoch_steps_ > 0) {
+    torch::cuda::synchronize(device_.index());
+    epoch_last_ = clock_();
+  }
+  write_rows(false);  // rank 0: the epoch's last step rows, before its rank rows
   // This rank's figures. Its samples/s: the steps after the first, over the time they took; an
   // epoch of one step is timed from the start of the run; NaN when this run did no step of the
   // epoch (resumed after its last step).
   RankReport me{};
   const double one_step = std::max(1e-9, std::chrono::duration<double>(epoch_last_ - start_).count());
-  me.samples_per_s =
-      static_cast<double>(batch_size_) / epoch_step_seconds(epoch_steps_ == 1 ? one_step : NAN);
+  me.samples_per_s = static_cast<double>(batch_size_) /
+                     epoch_step_seconds(epoch_last_, epoch_steps_ == 1 ? one_step : NAN);
   me.cuda = device_.is_cuda() ? 1 : 0;
   me.index = device_.is_cuda() ? device_.index() : -1;
   me.gpu_busy_pct = -1;
@@ -304,6 +359,11 @@ void Metrics::end_epoch(int64_t epoch) {
 
 std::string device_model(torch::Device device) {
   return device.is_cuda() ? compat::gpu_name(device.index()) : device.str();
+}
+
+int64_t peak_tensor_bytes(torch::Device device) {
+  if (device.is_cuda()) return compat::peak_gpu_bytes(device.index());
+  return memory::installed() ? memory::peak_live_bytes() : 0;
 }
 
 }  // namespace kit

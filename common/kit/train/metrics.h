@@ -8,8 +8,9 @@
 //
 // metrics.csv (written by rank 0) has two kinds of rows, told apart by the `rank` column:
 //   step,epoch,loss,samples_per_s,ranks,elapsed_s,rank,device,host,peak_mem_mib,gpu_busy_pct
-//   * one row per training step, `rank` empty: rank 0's loss of that step and the throughput of
-//     all ranks together; the last five columns are empty;
+//   * one row per training step, `rank` empty: rank 0's loss of that step, the throughput of all
+//     ranks together, and the host's clock when the step was done (elapsed_s); the last five
+//     columns are empty;
 //   * at each epoch's end, one row per rank, `rank` = its number, `step` = the epoch's last step,
 //     `loss` empty: that rank's own samples/s over the epoch, its device and node, and its peak
 //     memory (on a GPU: the most the caching allocator held, as torch.cuda.max_memory_allocated();
@@ -18,19 +19,44 @@
 // The per-rank rows are the proof that a job really uses every GPU it holds: a rank that sat idle,
 // or shares a GPU with another, is one row away. Rank 0 prints the same figures at each epoch's
 // end (one line per rank, or a summary beyond 16 ranks).
+//
+// step() reads nothing from the device. Reading a step's loss (.item()) makes the host wait until
+// the GPU has finished that step, and the GPU then idles while the host queues the next one. So
+// rank 0 keeps the losses on the device, and writes the rows in batches, reading all their losses
+// at once: when a progress line is due, at every kit::Checkpoints::kStopPollSteps-th global step
+// (10), at end_epoch() and in the destructor. The file is the same, one row per step, in order.
+// On a GPU the host runs ahead of the device, so the host's clock at a step says when the step was
+// queued, not when it was done: the samples_per_s of a row is that of the rows written with it,
+// their samples over the time from the previous batch's read to this one's (each read waits for
+// the device, so both ends are device time; after an evaluation, from the end of the epoch's
+// first step, so that the evaluation does not count). elapsed_s stays the host's clock at the
+// step.
+// A killed run (SIGKILL, a node failure) loses the rows not yet written: at most the 9 steps since
+// the last multiple of 10. Its last checkpoint's rows are always written: an epoch's checkpoint
+// follows end_epoch(), a signal's stop comes at a polling step (a multiple of 10), whose rows
+// step() wrote first (call step() before Checkpoints::stop_requested), and a test hook's stop ends
+// the program cleanly. A resumed run keeps the rows up to its checkpoint's step and writes the
+// rest again, so every step appears once.
 #pragma once
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
+
+#include "kit/train/summary.h"  // StepTimer
 
 namespace kit {
 
 // What a device is, for a report: "cpu", or the GPU's product name ("NVIDIA H100 80GB HBM3").
 std::string device_model(torch::Device device);
+// The most bytes of tensors `device` held at once: on a GPU the caching allocator's peak since its
+// last reset (torch.cuda.max_memory_allocated(); Metrics resets it at construction and at each
+// epoch's end), on the CPU the counting allocator's (kit/train/memory.h: 0 unless installed).
+int64_t peak_tensor_bytes(torch::Device device);
 
 class Metrics {
  public:
@@ -49,23 +75,48 @@ class Metrics {
   // run is and when the epoch will end ("step 40/250 of the epoch, ETA 1 min 23 s").
   void step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epoch = 0,
             int64_t steps_per_epoch = 0);
-  // Collective when the process group is up: every rank must call it, at the same point.
+  // Collective when the process group is up: every rank must call it, at the same point. On a
+  // GPU it waits for the device first (once per epoch), so that the epoch's time is the device's.
   void end_epoch(int64_t epoch);
+  // Rank 0's time of a step (the scaling study's, exercise 02): lapped wherever a batch of rows is
+  // written, after the read of their losses (device time); each epoch's first step starts the
+  // clock afresh, so that neither an evaluation nor the first step's allocations count. On a GPU
+  // the start is the host's clock after queueing the epoch's first step, which the device, idle
+  // after the evaluation, is at most that one step behind. Empty on the other ranks.
+  const StepTimer& step_timer() const { return timer_; }
 
  private:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // Rank 0: writes the rows not written yet (one read of their losses), and the progress line.
+  void write_rows(bool progress_line);
+
   std::FILE* csv_ = nullptr;
   int64_t batch_size_, steps_ = 0, steps_at_last_line_ = 0;
+  int ranks_;  // the world size when made (the destructor may run after destroy_process_group())
   torch::Device device_;
   double every_s_;
   Clock clock_;
-  std::chrono::steady_clock::time_point start_, last_step_, last_line_;
+  TimePoint start_, last_line_, last_write_;
+  // Rank 0's rows not written yet: each step's number, epoch and host time, and its loss, still
+  // on the device; and the epoch position the progress line shows.
+  struct Row {
+    int64_t step, epoch;
+    double elapsed_s;
+  };
+  std::vector<Row> rows_;
+  std::vector<torch::Tensor> losses_;
+  int64_t step_in_epoch_ = 0, steps_per_epoch_ = 0;
+  StepTimer timer_;
+  // The steps since timed_from_ (the end of the epoch's first step, or the last write after it).
+  int64_t timed_ = 0;
+  TimePoint timed_from_;
   // This epoch, on this rank: its steps so far and the time of its first and last one.
   int64_t epoch_steps_ = 0;
-  std::chrono::steady_clock::time_point epoch_first_, epoch_last_;
-  // This epoch's seconds per step, from the end of its first step to the end of its last (the
-  // first step's one-time allocations and the evaluation before it do not count); `otherwise`
-  // while fewer than two steps were timed.
-  double epoch_step_seconds(double otherwise) const;
+  TimePoint epoch_first_, epoch_last_;
+  // This epoch's seconds per step, from the end of its first step to `last` (the first step's
+  // one-time allocations and the evaluation before it do not count); `otherwise` while fewer
+  // than two steps were timed.
+  double epoch_step_seconds(TimePoint last, double otherwise) const;
 };
 
 }  // namespace kit

@@ -10,8 +10,16 @@
 
 namespace kit {
 
-void StepTimer::lap(std::chrono::steady_clock::time_point now) {
-  if (started_) seconds_.push_back(std::chrono::duration<double>(now - last_).count());
+void StepTimer::lap(std::chrono::steady_clock::time_point now, int64_t steps) {
+  if (steps <= 0) return;
+  if (started_) {
+    const double each = std::chrono::duration<double>(now - last_).count() / static_cast<double>(steps);
+    seconds_.insert(seconds_.end(), static_cast<size_t>(steps), each);
+  }
+  start(now);
+}
+
+void StepTimer::start(std::chrono::steady_clock::time_point now) {
   last_ = now;
   started_ = true;
 }

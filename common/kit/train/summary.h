@@ -12,15 +12,20 @@
 
 namespace kit {
 
-// The time between consecutive training steps. Call lap() once after every step, at a point
-// where the device has finished it (after reading the step's loss).
+// The time of a training step. Call lap() at points where the device has finished every step so
+// far, saying how many steps ended since the previous lap: each of them took an equal part of the
+// time between the two. A host clock alone cannot time one step on a GPU, where the host runs
+// ahead of the device (kit::Metrics laps one where it reads the losses: its step_timer()).
 class StepTimer {
  public:
-  void lap() { lap(std::chrono::steady_clock::now()); }
-  // The same at a given time: the tests drive the timer with a clock of their own.
-  void lap(std::chrono::steady_clock::time_point now);
-  // The median step, leaving out the first `skip` (allocations, DDP's bucket rebuild, caches);
-  // all of them when there are no more; 0 before two laps.
+  void lap(int64_t steps = 1) { lap(std::chrono::steady_clock::now(), steps); }
+  // The same at a given time: the tests drive the timer with a clock of their own. The first lap
+  // only starts the clock, and so does start(): a pause that is not a step (an evaluation)
+  // does not count.
+  void lap(std::chrono::steady_clock::time_point now, int64_t steps = 1);
+  void start(std::chrono::steady_clock::time_point now);
+  // The median step, leaving out the first `skip` steps timed (allocations, DDP's bucket
+  // rebuild, caches); all of them when there are no more; 0 before two laps.
   double median_seconds(size_t skip = 3) const;
   int64_t steps() const { return static_cast<int64_t>(seconds_.size()); }
 

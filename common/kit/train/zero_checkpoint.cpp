@@ -20,12 +20,14 @@ struct Manifest {
   int stage = 0, ranks = 0;
   int64_t parameters = 0;
   double lr = -1;  // the learning rate (set_lr's), as torch's optimizer state keeps it; -1: none
+  bool flat = false;  // ZeRO-1/2 on FlatParameters: one contiguous run (ShardLayout), no buckets
 };
 
 // The MANIFEST's version: 2 for ZeRO-1/2's shards as slices of gradient-ordered buckets
 // (kit/sharding/sharding.h, BucketLayout); 1 for ZeRO-3, and for ZeRO-1/2 in the layout before it,
 // whose shards were contiguous runs of the flat vector and cannot be loaded into the new one.
-int version_of(int stage) { return stage == 3 ? 1 : 2; }
+// FlatParameters' ZeRO-1/2 (exercise 03's step by hand) is that contiguous layout: version 1 too.
+int version_of(int stage, bool flat = false) { return stage == 3 || flat ? 1 : 2; }
 
 std::string shard_path(const std::string& dir, int rank, int ranks) {
   return dir + "/" + Checkpoints::shard_file(rank, ranks);
@@ -42,7 +44,7 @@ void save(const std::string& dir, ProcessGroup& group, const Manifest& m,
   write_atomically(shard_path(dir, group.rank(), group.size()), archive, "ZeRO checkpoint");
   if (group.rank() == 0) {
     std::ostringstream text;
-    text << "kit-zero-checkpoint " << version_of(m.stage) << "\nstage " << m.stage << "\nranks "
+    text << "kit-zero-checkpoint " << version_of(m.stage, m.flat) << "\nstage " << m.stage << "\nranks "
          << m.ranks << "\nparameters " << m.parameters << "\n"
          << std::setprecision(17) << "lr " << m.lr << "\n";  // 17 digits: the same double back
     write_atomically(dir + "/MANIFEST", text.str(), "ZeRO checkpoint");
@@ -97,9 +99,12 @@ std::vector<int64_t> load(const std::string& dir, ProcessGroup& group, const Man
                               std::to_string(m.parameters) + " parameters, this run is ZeRO-" +
                               std::to_string(want.stage) + " with " +
                               std::to_string(want.parameters));
-  if (version != version_of(m.stage))
-    throw ZeroCheckpointError(dir + ": a ZeRO-" + std::to_string(m.stage) + " checkpoint in the " +
-                              "layout before gradient-ordered buckets: this kit cannot resume it");
+  if (version != version_of(m.stage, want.flat))
+    throw ZeroCheckpointError(dir + ": a ZeRO-" + std::to_string(m.stage) + " checkpoint in " +
+                              (want.flat ? "ZeroOptimizer's buckets: FlatParameters' one contiguous "
+                                           "layout cannot resume it"
+                                         : "the layout before gradient-ordered buckets: this kit "
+                                           "cannot resume it"));
   const bool same = m.ranks == group.size();
   torch::NoGradGuard no_grad;
   if (!same)
@@ -148,6 +153,28 @@ void load_zero_checkpoint(const std::string& dir, ZeroOptimizer& o) {
   o.adamw().set_steps(steps.at(0));
   o.set_lr(lr);
   o.load_own_params(shard);  // all-gathers: every rank has the whole model again
+}
+
+// One segment, the whole flat vector: a shard is one contiguous run of it (ShardLayout).
+void save_zero_checkpoint(const std::string& dir, FlatParameters& flat, ShardedAdamW& adamw,
+                          int stage) {
+  Manifest m{stage, flat.group().size(), flat.layout().numel(), adamw.options().lr(), true};
+  save(dir, flat.group(), m, {flat.layout().own(flat.params()), adamw.exp_avg(), adamw.exp_avg_sq()},
+       {adamw.steps()});
+}
+
+void load_zero_checkpoint(const std::string& dir, FlatParameters& flat, ShardedAdamW& adamw,
+                          int stage) {
+  Manifest m{stage, flat.group().size(), flat.layout().numel(), -1, true};
+  double lr = adamw.options().lr();
+  const std::vector<int64_t> whole{flat.layout().numel()};
+  auto shard = flat.layout().own(flat.params());
+  auto steps = load(dir, flat.group(), m, {shard, adamw.exp_avg(), adamw.exp_avg_sq()},
+                    {whole, whole, whole}, lr);
+  adamw.set_steps(steps.at(0));
+  adamw.set_lr(lr);
+  // Every rank has its own shard back; the others' come with one all-gather.
+  if (flat.group().size() > 1) flat.group().all_gather(flat.params(), shard.clone());
 }
 
 namespace {

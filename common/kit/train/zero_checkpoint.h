@@ -30,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kit/sharding/flat.h"   // FlatParameters, ShardedAdamW
 #include "kit/sharding/zero.h"   // ZeroOptimizer
 #include "kit/sharding/zero3.h"  // FullyShardedModel
 
@@ -44,5 +45,13 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
 void load_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
 void save_zero_checkpoint(const std::string& dir, FullyShardedModel& model);
 void load_zero_checkpoint(const std::string& dir, FullyShardedModel& model);
+// ZeRO-1/2 written by hand (exercise 03): this rank's shard of flat.params() and `adamw`'s state
+// for it; `stage` (1 or 2) goes into the MANIFEST and must match at load. The shard is one
+// contiguous run of the flat vector (ShardLayout, MANIFEST version 1), not ZeroOptimizer's
+// buckets: neither loads the other's. The load all-gathers the weights, as ZeroOptimizer's does.
+void save_zero_checkpoint(const std::string& dir, FlatParameters& flat, ShardedAdamW& adamw,
+                          int stage);
+void load_zero_checkpoint(const std::string& dir, FlatParameters& flat, ShardedAdamW& adamw,
+                          int stage);
 
 }  // namespace kit

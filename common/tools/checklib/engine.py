@@ -1,6 +1,12 @@
 """The flow of one check: prepare the exercise's data, run the student's build alone, on N ranks
 of one node and with one rank per node, run the solution the same way (once, shared between
-checks with --reference-dir), let the exercise's rules judge, print the verdicts."""
+checks with --reference-dir), let the exercise's rules judge, print the verdicts.
+
+An exercise of one process on one device (its rules say SINGLE_PROCESS = True: exercise 06) has
+no ranks to compare: its build and the solution run alone, with RUN_FLAGS and with each of
+FLAG_RUNS' flags (and FLAG_ENV's environment), all at once (single_process()); check.many is the
+RUN_FLAGS run, check.ranks 1."""
+from concurrent.futures import ThreadPoolExecutor
 import argparse
 import importlib
 import json
@@ -11,7 +17,7 @@ import sys
 import tempfile
 import kit_toml  # tomllib where the Python has it (3.11+), a fallback on 3.9-3.10
 
-from . import collectives, stops
+from . import allocation, collectives, runs, stops
 from .build_errors import explain_build, not_judged_note, stages_json
 from .runs import Locked, Run, read
 from .verdicts import CROSS, Verdicts, record
@@ -21,12 +27,15 @@ ROOT = os.path.dirname(os.path.dirname(TOOLS))
 
 
 def load_rules(exercise):
-    """common/tools/rules/<target>.py for exercises/<exercise>/info.toml's target ("ex01"), and
-    the programs its check needs besides ddprun (info.toml's [check] tools)."""
+    """common/tools/rules/<target>.py for exercises/<exercise>/info.toml's target ("ex01"), the
+    programs its check needs besides ddprun (info.toml's [check] tools) and the libraries its
+    runs preload ([check] preload: lib/lib<name>.so of the build)."""
     info_path = os.path.join(ROOT, "exercises", exercise, "info.toml")
     with open(info_path, "rb") as f:
         info = kit_toml.load(f)
-    return importlib.import_module(f"rules.{info['target']}"), info.get("check", {}).get("tools", [])
+    need = info.get("check", {})
+    return (importlib.import_module(f"rules.{info['target']}"), need.get("tools", []),
+            need.get("preload", []))
 
 
 class Check:
@@ -45,6 +54,12 @@ class Check:
         given = getattr(self.args, name.replace("-", "_"), None)
         path = given or os.path.join(self.args.bin_dir or "", name)
         return os.path.abspath(path)
+
+    def library(self, name):
+        """A library of the build that a run preloads (kit_test_hooks): lib/lib<name>.so beside
+        the programs' bin/."""
+        return os.path.abspath(os.path.join(os.path.dirname(self.tool("ddprun")), "..", "lib",
+                                            f"lib{name}.so"))
 
     def launch(self, binary, name, ranks, layout, data, flags, env=None):
         return Run(os.path.join(self.workdir, name), ranks).launch(
@@ -76,17 +91,54 @@ def reference_run(check, directory, data, name="", flags=None, env=None):
     st = os.stat(solution)
     made_by = read(os.path.join(data, ".made-by.json")) if data else None  # generated_data()
     key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env,
-                      made_by])
+                      made_by, runs.PLACEMENT.gpus if runs.PLACEMENT else None])
     stamp = os.path.join(directory, f"key{name}.json")
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
     if read(stamp) == key and os.path.isfile(os.path.join(run.dir, "result.json")):
         return run.load()
-    run.launch(solution, "node", data, check.tool("ddprun"), flags,
+    if os.path.exists(stamp):  # the run it vouched for is about to be replaced
+        os.remove(stamp)
+    run.launch(solution, "alone" if single(rules) else "node", data, check.tool("ddprun"), flags,
                dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
     if run.code == 0:
         with open(stamp, "w") as f:
             f.write(key)
     return run
+
+
+def single(rules):
+    """Whether the exercise is one process on one device (rules.SINGLE_PROCESS)."""
+    return bool(getattr(rules, "SINGLE_PROCESS", False))
+
+
+def single_process(check, data):
+    """The runs of a one-process exercise: the student's build with RUN_FLAGS and with each of
+    FLAG_RUNS' flags, and the solution's same runs (kept in --reference-dir), all at once: each is
+    mostly the start of a process. check.many is the RUN_FLAGS run; check.alone the same run."""
+    rules, a = check.rules, check.args
+    base = a.reference_dir or check.workdir
+    flag_runs = getattr(rules, "FLAG_RUNS", {})
+    # name -> the environment of that run, from the rules' FLAG_ENV (name -> function(check)).
+    envs = {name: make(check) for name, make in getattr(rules, "FLAG_ENV", {}).items()}
+
+    def references():
+        if check.reference is None:  # made under the lock already with --reference-dir
+            check.reference = reference_run(check, base, data)
+        return {name: reference_run(check, base, data, name, flags, envs.get(name))
+                for name, flags in flag_runs.items()}
+
+    with ThreadPoolExecutor(len(flag_runs) + 2) as pool:
+        mine = {name: pool.submit(check.launch, a.binary, name, 1, "alone", data, flags,
+                                  envs.get(name))
+                for name, flags in flag_runs.items()}
+        main = pool.submit(check.launch, a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
+        if a.reference_dir:  # one solution run at a time per flag set, shared between checks
+            with Locked(a.reference_dir):
+                theirs = references()
+        else:
+            theirs = references()
+        check.many = check.alone = main.result()
+        check.flag_runs = {name: (f.result(), theirs[name]) for name, f in mine.items()}
 
 
 def program_solution(exercise):
@@ -109,6 +161,8 @@ def device_check(check, data, explain):
     Judged only where the solution's run works there (LibTorch 2.13+, a model whose kernels the
     fake device has: exercise 02's convolutions it has not)."""
     a, v = check.args, check.verdicts
+    if runs.PLACEMENT and runs.PLACEMENT.gpus:
+        return  # on GPUs with NCCL, NCCL itself refuses a tensor on the wrong device
     directory = a.reference_dir or check.workdir
     if a.reference_dir:
         with Locked(a.reference_dir):
@@ -165,21 +219,36 @@ def main(argv, doc):
     a = parse_args(argv, doc)
     if a.explain_build:
         return explain_build(a.exercise, a.explain_build, a.source)
-    rules, tools = load_rules(a.exercise)
+    rules, tools, preload = load_rules(a.exercise)
     workdir = a.workdir or tempfile.mkdtemp(prefix="kit-check-")
     os.makedirs(workdir, exist_ok=True)
     check = Check(rules, a, workdir)
     a.binary, a.solution = os.path.abspath(a.binary), os.path.abspath(a.solution)
-    for prog in [a.binary, a.solution] + [check.tool(t) for t in ["ddprun"] + tools]:
-        if not os.access(prog, os.X_OK):
-            sys.stderr.write(f"check: {prog} is not built\n")
+    # What the runs need, before any run: a program or a preloaded library that is missing would
+    # stop a run, or, preloaded, be ignored by the loader with a warning and change what the run
+    # does (a stop that never comes). One line naming it, and no verdicts.
+    needed = [(p, os.access(p, os.X_OK)) for p in [a.binary, a.solution] +
+              [check.tool(t) for t in ["ddprun"] + tools]]
+    needed += [(check.library(lib), os.path.isfile(check.library(lib))) for lib in preload]
+    for path, there in needed:
+        if not there:
+            name = os.path.basename(path)
+            target = name[3:-3] if name.startswith("lib") and name.endswith(".so") else name
+            print(f"  {CROSS} the check cannot start its runs: {path} is not built (cmake --build "
+                  f"{os.path.dirname(os.path.dirname(path)) or '.'} --target {target})")
             return 2
-    if a.ranks < 2:
+    if single(rules):
+        a.ranks = check.ranks = 1  # one process: the rules compare runs with other flags
+    elif a.ranks < 2:
         sys.stderr.write("check: --ranks must be at least 2\n")
         return 2
     ranks = a.ranks
+    # Inside a Slurm allocation: one GPU per rank with NCCL, or the CPU and one line saying why.
+    runs.PLACEMENT = allocation.here(a.binary, ranks)
 
     print(f"check {a.exercise}: {a.binary}")
+    if runs.PLACEMENT.line:
+        print(runs.PLACEMENT.line)
     if a.reference_dir:
         with Locked(a.reference_dir):
             data = rules.prepare_data(check, a.reference_dir)
@@ -188,6 +257,14 @@ def main(argv, doc):
         data = rules.prepare_data(check, workdir)
     check.data = data  # for rules that launch runs of their own (rules/ex03.py)
     v = check.verdicts
+    if single(rules):
+        single_process(check, data)
+        if check.many.failure():  # the closing row says "did not finish": here is why
+            s = stops.explain(check.many, a.source, a.exercise, {}, v)
+            print(f"  {CROSS} the program fails with the check's flags: {s.how}"
+                  + (f" ({s.where})" if s.where else ""))
+        rules.judge(check)
+        return finish(check, a, v)
     labels_by_file = getattr(rules, "COLLECTIVE_FILES", {})
     explain = lambda run: stops.explain(run, a.source, a.exercise, labels_by_file, v)  # noqa: E731
     check.alone = check.launch(a.binary, "alone", 1, "alone", data, rules.RUN_FLAGS)
@@ -254,6 +331,11 @@ def main(argv, doc):
         # the destroy TODO's mistake wherever the refused call is: the judges name that TODO.)
         v.add(many_stop.todo, False, f"the run on {ranks} ranks gets to its end",
               f"{many_stop.how} ({many_stop.where})", first=True)
+    return finish(check, a, v)
+
+
+def finish(check, a, v):
+    """Prints the verdicts, the TODO to fix first and the summary lines; the exit code."""
     v.print()
     note = not_judged_note(a.exercise)
     if note:
@@ -270,5 +352,8 @@ def main(argv, doc):
     if a.record:
         record(a.record, a.exercise, a.source, v)
     if not a.keep and not a.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(check.workdir, ignore_errors=True)
+    elif a.keep:
+        print(f"the runs' folders are kept in {check.workdir} (each run's logs: <run>/log/rankN.log, "
+              "its output: <run>/out)")
     return 1 if v.failed() else 0

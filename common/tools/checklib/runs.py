@@ -15,6 +15,13 @@ import subprocess
 import time
 
 RUN_TIMEOUT = 300
+# The dynamic loader's warning for an LD_PRELOAD it could not load ("ERROR: ld.so: object '...'
+# from LD_PRELOAD cannot be preloaded (...): ignored."): the run goes on without it, and does
+# something else than the check asked (a stop of the test hooks that never comes).
+PRELOAD_IGNORED = re.compile(r"object '([^']*)' from LD_PRELOAD cannot be preloaded[^\n]*")
+# Where the runs train inside a Slurm allocation (checklib/allocation.py; set by the engine):
+# the environment they get, and one GPU per rank or None (the CPU).
+PLACEMENT = None
 # Collectives of these tiny runs take milliseconds; a rank that waits this long waits for a rank
 # that will never come (e.g. save0 called on rank 0 only). Long enough for slow process starts.
 COLLECTIVE_TIMEOUT = "30"
@@ -29,6 +36,7 @@ class Run:
     def __init__(self, directory, ranks):
         self.dir, self.ranks = directory, ranks
         self.code, self.stdout, self.stderr = None, "", ""
+        self.startup = ""  # why the run did not start as asked (a preload ignored), or ""
 
     def paths(self):
         return (os.path.join(self.dir, d) for d in ("trace", "log", "out"))
@@ -40,7 +48,11 @@ class Run:
             os.makedirs(d)
         env = dict(os.environ, KIT_TRACE_DIR=trace_dir, KIT_TIMEOUT=COLLECTIVE_TIMEOUT,
                    OMP_NUM_THREADS="1")
+        env.update(PLACEMENT.env if PLACEMENT else {})
         env.update(env_extra or {})  # the rules' RUN_ENV may shorten KIT_TIMEOUT, say
+        preload = env.get("LD_PRELOAD", "")
+        if preload and not os.path.isfile(preload):
+            return self.not_started(f"the run needs {preload} preloaded, and it is not built")
         for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                     "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                     "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
@@ -65,10 +77,27 @@ class Run:
                 for p in os.listdir(trace_dir):  # no launcher, no RANK: named after the pid
                     os.rename(os.path.join(trace_dir, p), os.path.join(trace_dir, "rank0.trace"))
         files = watch.finish()
+        logs = "".join(read(os.path.join(log_dir, f"rank{r}.log")) for r in range(self.ranks))
+        ignored = PRELOAD_IGNORED.search(self.stdout + self.stderr + logs) if preload else None
+        if ignored:
+            reason = re.search(r"\(([^)]*)\)", ignored.group(0))
+            self.startup = (f"the loader could not preload {ignored.group(1)}"
+                            + (f" ({reason.group(1)})" if reason else "")
+                            + " and ran the program without it")
+            self.code = self.code or 127
+        self.save(files)
+        return self.load()
+
+    def not_started(self, why):
+        """A run that could not start as asked: no process, one line saying why."""
+        self.code, self.stdout, self.stderr, self.startup = 127, "", "", why
+        self.save([])
+        return self.load()
+
+    def save(self, files):
         with open(os.path.join(self.dir, "result.json"), "w") as f:
             json.dump({"code": self.code, "stdout": self.stdout, "stderr": self.stderr,
-                       "files": files}, f)
-        return self.load()
+                       "files": files, "startup": self.startup}, f)
 
     def load(self):
         trace_dir, log_dir, self.out_dir = self.paths()
@@ -76,6 +105,7 @@ class Run:
             r = json.load(f)
         self.code, self.stdout, self.stderr = r["code"], r["stdout"], r["stderr"]
         self.files = r.get("files", [])
+        self.startup = r.get("startup", "")
         self.logs = {r: read(os.path.join(log_dir, f"rank{r}.log")) for r in range(self.ranks)}
         self.traces = {r: parse_trace(os.path.join(trace_dir, f"rank{r}.trace"))
                        for r in range(self.ranks)}
@@ -108,6 +138,8 @@ class Run:
         """One line about a crash, or None."""
         if self.code == 0:
             return None
+        if self.startup:
+            return f"the run did not start as the check asked: {self.startup}"
         why = last_line(self.stderr + self.stdout)
         for r in range(self.ranks):  # the rank's own last words say more than the launcher's
             line = last_line(self.logs.get(r, ""))
@@ -188,6 +220,8 @@ def run_nodes(cmd, env, ranks, log_dir, cwd):
     for r in range(ranks):
         e = dict(env, RANK=str(r), LOCAL_RANK="0", WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE="1",
                  GROUP_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if PLACEMENT and PLACEMENT.gpus:  # a node of its own: it sees its own GPU alone
+            e["CUDA_VISIBLE_DEVICES"] = PLACEMENT.gpus[r]
         log = open(os.path.join(log_dir, f"rank{r}.log"), "w")
         procs.append((subprocess.Popen(cmd, env=e, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True), log))

@@ -16,7 +16,7 @@ import signal
 from collections import namedtuple
 
 from . import collectives
-from .runs import kv
+from .runs import kv, same_device
 
 # What each signal a trainer dies of usually means, in a student's words.
 MEANING = {
@@ -29,6 +29,12 @@ MEANING = {
     "SIGILL": "an illegal instruction",
 }
 SITE = re.compile(r"\(([A-Za-z0-9_.+-]+\.(?:cpp|h|cc|hpp)):(\d+)\)")
+# The kit's refusal of a tensor on another device than the rank's (process_group_checks.cpp).
+WRONG_DEVICE = re.compile(r"was given a tensor on (\S+), but NCCL moves only tensors on the "
+                          r"rank's device \(([^)]+)\)")
+# A dataset asked for an example it does not have (kit/data/wikitext.cpp, cifar10.cpp).
+PAST_THE_END = (re.compile(r"\b(\w+): example (\d+) does not exist \(the dataset has (\d+)\)"),
+                re.compile(r"Cifar10Dataset\((\w+)\): index (\d+) >= size (\d+)"))
 LEFT = "another rank left the job"
 ERROR = re.compile(r"error|what\(\)|terminate|abort|timed out|exception|refused|invalid", re.I)
 
@@ -121,6 +127,8 @@ def explain(run, source, exercise, labels, verdicts):
     """How and where `run` stopped, or None when it did not fail."""
     if run.code == 0:
         return None
+    if getattr(run, "startup", ""):  # it did not start as asked: nothing of the trainer's to place
+        return Stop(None, run.failure(), "", None, "")
     crash = killed_by(run)
     ranks = range(run.ranks)
     # A rank whose collective failed because another rank left is a consequence: the rank that
@@ -159,6 +167,11 @@ def explain(run, source, exercise, labels, verdicts):
             how += f"; rank {other} waits in a collective of your line"
             evidence = "last"
     todo, where = place(site, source, exercise, labels, verdicts)
+    # Where the call that stopped is not the mistake, but the evidence names the one that is.
+    root = root_cause(run, rank, line, verdicts) if rank is not None and line else None
+    if root:
+        todo, why, what = root
+        return Stop(rank, how + "; " + why, site, todo, f"TODO {todo}, {what}")
     if any(run.events(r, "after_destroy") for r in ranks):
         # The refused call is where the run stopped, not the mistake: destroy_process_group()
         # came too early, and the judges name its TODO.
@@ -172,3 +185,45 @@ def explain(run, source, exercise, labels, verdicts):
     elif where and evidence == "last":
         where = f"its last collective: {where}"
     return Stop(rank, how, site, todo, where)
+
+
+def root_cause(run, rank, line, verdicts):
+    """(todo, why, what) of the mistake behind a stop whose own call is innocent, where the run's
+    evidence names it; else None.
+      * a tensor on another device than setup()'s reached a collective: when this rank's model
+        went to that device (the trace's model_to), the device was chosen wrong, in the TODO that
+        chooses it (setup's), not in the TODO of the collective that found it;
+      * a dataset asked for an example past its end: its loader was given another split's
+        sampler (a sampler of its size exists: the loader's TODO), or its sampler was made on
+        another split (none does: the samplers' TODO). The split is the one the error names.
+    The rules' LABELS must have the concept ("setup", "loader-<split>", "sampler")."""
+    def label(concept):
+        todo = verdicts.todo(concept)
+        return todo if todo != concept else None
+
+    m = WRONG_DEVICE.search(line)
+    if m and label("setup"):
+        setups = run.events(rank, "setup")
+        given = kv(setups[0]).get("device", m.group(2)) if setups else m.group(2)
+        moved = [kv(f).get("device", "") for f in run.events(rank, "model_to")]
+        wrong = next((d for d in moved if d and not same_device(d, given)), None)
+        if wrong:
+            return (label("setup"), f"the model went to {wrong} (model->to), not to the device "
+                    f"setup() gave rank {rank} ({given}), so its tensors reach the collective "
+                    "there: use the device setup() returns", "where the device is chosen")
+    for pattern in PAST_THE_END:
+        m = pattern.search(line)
+        if not m:
+            continue
+        split, index, size = m.group(1), m.group(2), int(m.group(3))
+        sizes = {int(kv(f).get("size", -1)) for f in run.events(rank, "sampler")}
+        if size in sizes and label(f"loader-{split}"):
+            return (label(f"loader-{split}"), f"the {split} split has {size} examples, but its "
+                    f"loader asked for example {index}: it was given the sampler of a bigger "
+                    "split; give each loader the sampler made for its own split",
+                    f"the {split} loader")
+        if size not in sizes and label("sampler"):
+            return (label("sampler"), f"the {split} split has {size} examples, but no sampler "
+                    f"was made for {size} (example {index} was asked for): a sampler was made on "
+                    "another split's dataset", "the samplers")
+    return None

@@ -35,11 +35,11 @@ MUTANTS = [
        "kit::DistributedSampler val_sampler(val_data, /*shuffle=*/false);")], []),
     ("train-loader-shuffle", "run", "5", "the training loader keeps shuffle=true; the sampler "
      "is made but never used",
-     [("Loader train_loader(train_data, args.batch_size, train_sampler);",
-       "Loader train_loader(train_data, args.batch_size, /*shuffle=*/true);")], ["9"]),
+     [("Loader train_loader(train_data, args.batch_size, train_sampler, pinned);",
+       "Loader train_loader(train_data, args.batch_size, /*shuffle=*/true, pinned);")], ["9"]),
     ("train-loader-val-sampler", "run", "5", "the training loader gets val_sampler",
-     [("Loader train_loader(train_data, args.batch_size, train_sampler);",
-       "Loader train_loader(train_data, args.batch_size, val_sampler);")], ["9"]),
+     [("Loader train_loader(train_data, args.batch_size, train_sampler, pinned);",
+       "Loader train_loader(train_data, args.batch_size, val_sampler, pinned);")], ["9"]),
     ("val-loader-no-sampler", "run", "6", "the validation loader without its sampler",
      [("Loader val_loader(val_data, args.eval_batch_size, val_sampler);",
        "Loader val_loader(val_data, args.eval_batch_size);")], []),
@@ -168,4 +168,26 @@ MUTANTS += [
      "(torch::tensor(mean.item<float>())) before its all_reduce: Gloo takes it, NCCL on a GPU "
      "refuses it",
      [(AVG_TRAIN, "mean = torch::tensor(mean.item<float>());\n  " + AVG_TRAIN)], []),
+]
+
+# Stopped inside a kit call that is not the mistake (issue 43, point 8): the check must name the
+# root cause the run's evidence shows, not the TODO of the call that stopped.
+MUTANTS += [
+    ("destroy-each-epoch", "stops", "13", "destroy_process_group() at the end of every epoch's "
+     "work (right code, wrong place): epoch 2's first forward finds DDP's group closed, in "
+     "ddp.cpp; the mistake is where destroy was put, not DDP's TODO",
+     [("  kit::destroy_process_group();\n", ""),
+      ("    checkpoints.save(model, optimizer, state);  // every rank calls it; rank 0 writes the model\n",
+       "    checkpoints.save(model, optimizer, state);  // every rank calls it; rank 0 writes the model\n"
+       "    kit::destroy_process_group();\n")], ["7"]),
+    ("device-on-host", "run", "2-3", "the device chosen as torch::kCPU instead of setup()'s: "
+     "Gloo trains on, NCCL (the kit's device check) refuses DDP's first broadcast; the device's "
+     "origin is TODO 2-3, not DDP's",
+     [("const torch::Device device = me.device;", "const torch::Device device(torch::kCPU);")], []),
+    ("val-loader-train-sampler", "stops", "6", "the validation loader given the training "
+     "sampler: it asks the validation split for examples past its end, after the training "
+     "mean's all-reduce; the split the error names is the loader's",
+     [("Loader val_loader(val_data, args.eval_batch_size, val_sampler);",
+       "Loader val_loader(val_data, args.eval_batch_size, train_sampler);")],
+     ["7", "9", "10", "11", "12", "13"]),
 ]

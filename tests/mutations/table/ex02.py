@@ -136,3 +136,13 @@ MUTANTS += [
       ("    kit::all_reduce(train_loss, kit::ReduceOp::AVG);",
        "    kit::all_reduce(train_loss, kit::ReduceOp::SUM);\n    train_loss /= world_size;")], []),
 ]
+
+# Stopped inside a kit call that is not the mistake (issue 43, point 8): an index past the end of
+# the test split, named by the dataset's error, blamed on that split's loader.
+MUTANTS += [
+    ("test-loader-train-sampler", "stops", "6", "the test loader given the training sampler: "
+     "it asks the test split for images past its end; the split the error names is the loader's",
+     [("Loader test_loader(test_data, args.eval_batch_size, test_sampler, loading);",
+       "Loader test_loader(test_data, args.eval_batch_size, train_sampler, loading);")],
+     ["8", "9", "10", "11", "12", "13"]),
+]
