@@ -61,7 +61,9 @@ torch::Tensor train_one_epoch(kit::ParallelTransformerLM& model, const Forward& 
   const auto steps_per_epoch = static_cast<int64_t>(
       max_steps > 0 ? std::min<size_t>(loader.size(), max_steps) : loader.size());
   for (kit::Batch batch : loader.from(first)) {
-    auto input = batch.input.to(device), target = batch.target.to(device);
+    // The loader pinned the batch (main()): non_blocking queues the copy behind the GPU's work.
+    auto input = batch.input.to(device, /*non_blocking=*/true);
+    auto target = batch.target.to(device, /*non_blocking=*/true);
     //@ todo 7
     //@ | Context parallelism: the ranks of a cp group share every sequence. Give the model only
     //@ | this rank's part of each sequence (kit::cp_shard along the sequence's dimension, 1; it
@@ -208,7 +210,8 @@ int main(int argc, char** argv) {
   kit::DistributedEvalSampler val_sampler(val_data.size(), mesh.dp_size(), mesh.dp_rank());
   kit::DistributedEvalSampler test_sampler(test_data.size(), mesh.dp_size(), mesh.dp_rank());
   //@ end
-  Loader train_loader(train_data, args.batch_size, train_sampler);
+  // Training batches in pinned memory, for the non_blocking copy of train_one_epoch (on a GPU).
+  Loader train_loader(train_data, args.batch_size, train_sampler, {.pin_memory = true});
   Loader val_loader(val_data, args.eval_batch_size, val_sampler);
   Loader test_loader(test_data, args.eval_batch_size, test_sampler);
 
