@@ -128,6 +128,10 @@ void ddp_step(int64_t step, double waited_s) {
 
 void ddp_buffers(size_t count) { trace::record("ddp_buffers", "count=" + std::to_string(count)); }
 
+void mesh(int rank, const std::string& coords, const std::string& groups) {
+  trace::record("mesh", "rank=" + std::to_string(rank) + " " + coords + " " + groups);
+}
+
 void ddp_rebuild(size_t buckets) {
   trace::record("ddp_rebuild", "buckets=" + std::to_string(buckets));
 }

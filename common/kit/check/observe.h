@@ -57,6 +57,7 @@ void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& devic
 void ddp_step(int64_t step, double waited_s);
 void ddp_buffers(size_t count);
 void ddp_rebuild(size_t buckets);
+void mesh(int rank, const std::string& coords, const std::string& groups);
 void ddp_no_sync();
 void ddp_gradients(int64_t step, const std::vector<std::string>& names,
                    const std::vector<torch::Tensor>& params);
@@ -165,6 +166,13 @@ inline void ddp_buffers(size_t count) {  // rank 0's buffers broadcast before a 
 }
 inline void ddp_rebuild(size_t buckets) {  // the buckets rebuilt in arrival order
   if (on()) detail::ddp_rebuild(buckets);
+}
+// The mesh a rank built (kit::Mesh): its coordinates ("tp=1/2 cp=0/1 dp=1/2 order=tp-cp-dp") and
+// its groups' members ("group_tp=1,3 group_cp=3 group_dp=2,3 group_cp-dp=2,3 ...": each group's
+// directions in alphabetical order), whatever the program prints: the
+// checker judges each collective's group against the mesh the student made.
+inline void mesh(int rank, const std::string& coords, const std::string& groups) {
+  if (on()) detail::mesh(rank, coords, groups);
 }
 // A no_sync() scope opened: the checker tells "every backward ran inside no_sync()" from "DDP
 // was a temporary" by it.

@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "kit/check/observe.h"  // the mesh in the run trace
 #include "kit/runtime/env.h"  // read_rank_env: ranks per node
 
 namespace kit {
@@ -181,6 +182,16 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
     if (g->is_member()) alone_ = g;
   }
   world_ = world;
+  std::string coords, members;
+  for (const char* d : {"tp", "cp", "dp"})
+    coords += std::string(d) + "=" + std::to_string(layout_.coord(rank_, d)) + "/" +
+              std::to_string(layout_.size(d)) + " ";
+  for (const auto& [dims, g] : groups_) {
+    std::string list;
+    for (int r : g->ranks()) list += (list.empty() ? "" : ",") + std::to_string(r);
+    members += std::string(members.empty() ? "" : " ") + "group_" + dims + "=" + list;
+  }
+  observe::mesh(rank_, coords + "order=" + layout_.order(), members);
 }
 
 ProcessGroup& Mesh::group(const std::string& dims) const {

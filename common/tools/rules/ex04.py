@@ -109,6 +109,8 @@ class Layout:
         self.size = {"tp": tp, "cp": cp, "dp": world // (tp * cp)}
         self.dims = order.split("-")
 
+    complete = True
+
     def coords(self, rank):
         out, rest = {}, rank
         for d in self.dims:
@@ -218,7 +220,10 @@ class Judge:
         """(todo, text) of a run that failed: the TODO whose line it stopped in, or None."""
         c = self.check
         s = stops.explain(run, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)
-        return s.todo, s.how + (f" ({s.where})" if s.where else "")
+        # Only a line the error names is the TODO's: a rank's last collective before a crash
+        # elsewhere (a loss of mismatched shapes) is where it was, not what went wrong.
+        named = s.todo if s.todo and not (s.where or "").startswith("its last") else None
+        return named, s.how + (f" ({s.where})" if s.where else "")
 
 
 def describe_run(name):
@@ -226,66 +231,103 @@ def describe_run(name):
     return f"the {' '.join(flags)} run on {ranks} ranks"
 
 
-# --- the judgments, TODO by TODO ---------------------------------------------------------------
-def judge_mesh(v, runs):
-    what = "every rank prints where it sits on the mesh, with the coordinates of --tp, --cp and --order"
-    for name in MESHES:
-        run, lay = runs[name], layout_of(name)
-        for r in range(lay.world):
-            said = [m for m in MESH_LINE.finditer(run.logs.get(r, "")) if m.group(1) == str(r)]
-            if not said:
-                if run.events(r, "sampler") or run.finished():
-                    anywhere = MESH_LINE.search(run.logs.get(0, "")) if r else None
-                    v.add("mesh", False, what, f"in {describe_run(name)} rank {r} printed no line "
-                          "\"rank R of W: tp a of T, cp b of C, dp c of D (order O)\""
-                          + (" (rank 0's line is there: print it on every rank, with std::printf)"
-                             if anywhere else ""))
-                else:
-                    v.unreached("mesh", what, f"{describe_run(name)} stopped before it")
+class Traced:
+    """The mesh that each rank of `run` built, from its trace (kit::Mesh records "mesh rank=R
+    tp=a/T cp=b/C dp=c/D order=O group_tp=... group_cp-dp=..."): the other TODOs are judged
+    against the mesh the student made, right or wrong (TODO 1 judges that one)."""
+
+    def __init__(self, run):
+        self.world = run.ranks
+        self.at = {r: kv(run.events(r, "mesh")[-1]) for r in range(run.ranks)
+                   if run.events(r, "mesh")}
+        self.complete = len(self.at) == run.ranks
+        first = self.at.get(0, {})
+        self.size = {d: int(first.get(d, "0/1").split("/")[1]) for d in ("tp", "cp", "dp")}
+        self.order = first.get("order", "")
+
+    def coords(self, r):
+        return {d: int(self.at[r][d].split("/")[0]) for d in ("tp", "cp", "dp")}
+
+    def members(self, r, dims):
+        return members_of(self.at[r].get("group_" + "-".join(sorted(dims)), str(r)), self.world)
+
+
+class Evidence:
+    """What one run shows of each TODO (a concept of LABELS): ok, a failure (text) or nothing
+    yet (why). Its first failure per concept is kept."""
+
+    def __init__(self, name):
+        self.name, self.state = name, {}
+
+    def fail(self, concept, text):
+        if self.state.get(concept, ("", ""))[0] != "fail":
+            self.state[concept] = ("fail", f"in {describe_run(self.name)} {text}")
+
+    def unreached(self, concept, text):
+        if concept not in self.state:
+            self.state[concept] = ("unreached", text)
+
+    def ok(self, concept):
+        if concept not in self.state:
+            self.state[concept] = ("ok", "")
+
+    def good(self, concept):
+        return self.state.get(concept, ("ok",))[0] == "ok"
+
+
+def judge_mesh(e, run, traced, name):
+    """TODO 1: the mesh each rank built, against --tp, --cp and --order; its line on every rank."""
+    lay = layout_of(name)
+    for r in range(lay.world):
+        if r not in traced.at:
+            e.unreached("mesh", f"{describe_run(name)} stopped before rank {r} made its mesh")
+            return
+        want, got = lay.coords(r), traced.coords(r)
+        if got != want or traced.order != lay.order or traced.size != lay.size:
+            e.fail("mesh", f"rank {r} built a mesh where it sits at tp {got['tp']} of "
+                   f"{traced.size['tp']}, cp {got['cp']} of {traced.size['cp']}, dp {got['dp']} of "
+                   f"{traced.size['dp']} (order {traced.order}); --tp {lay.size['tp']} --cp "
+                   f"{lay.size['cp']} --order {lay.order} put it at tp {want['tp']}, cp "
+                   f"{want['cp']}, dp {want['dp']} (the order's first direction varies fastest)")
+            return
+        said = [m for m in MESH_LINE.finditer(run.logs.get(r, "")) if m.group(1) == str(r)]
+        if not said:
+            if run.events(r, "sampler") or run.finished():
+                others = r and MESH_LINE.search(run.logs.get(0, ""))
+                e.fail("mesh", f"rank {r} printed no line \"rank R of W: tp a of T, cp b of C, dp "
+                       "c of D (order O)\"" + (" (rank 0's is there: every rank prints its own, "
+                                               "with std::printf)" if others else ""))
+            else:
+                e.unreached("mesh", f"{describe_run(name)} stopped before rank {r}'s line")
+            return
+    e.ok("mesh")
+
+
+def judge_samplers(e, run, traced):
+    for r in range(run.ranks):
+        made = [kv(f) for f in run.events(r, "sampler")]
+        if len(made) < 3:
+            if run.finished():
+                e.fail("sampler", f"rank {r} made {len(made)} sampler(s), the trainer 3 (train, "
+                       "validation, test)")
+            else:
+                e.unreached("sampler", f"{describe_run(e.name)} stopped before its samplers")
+            return
+        dp, replicas = traced.coords(r)["dp"], traced.size["dp"]
+        for split, s in zip(("training", "validation", "test"), made[:3]):
+            got = (int(s.get("replicas", -1)), int(s.get("rank", -1)))
+            if got != (replicas, dp):
+                e.fail("sampler", f"rank {r}'s {split} sampler splits the data over {got[0]} "
+                       f"replicas as replica {got[1]}; on the mesh it is dp replica {dp} of "
+                       f"{replicas} (mesh.dp_rank() of mesh.dp_size()): the ranks of a tp or cp "
+                       "group read the same batches")
                 return
-            g = said[-1].groups()
-            want = lay.coords(r)
-            got = {"tp": (int(g[2]), int(g[3])), "cp": (int(g[4]), int(g[5])),
-                   "dp": (int(g[6]), int(g[7]))}
-            exp = {d: (want[d], lay.size[d]) for d in ("tp", "cp", "dp")}
-            if got != exp or g[8] != lay.order:
-                v.add("mesh", False, what, f"in {describe_run(name)} rank {r} says \""
-                      f"{said[-1].group(0).strip()}\"; with tp {lay.size['tp']}, cp "
-                      f"{lay.size['cp']} and --order {lay.order} it sits at tp {want['tp']}, cp "
-                      f"{want['cp']}, dp {want['dp']} (the order's first direction varies fastest)")
-                return
-    v.add("mesh", True, what)
+    e.ok("sampler")
 
 
-def judge_samplers(v, runs):
-    what = "each rank's samplers split the data over the dp replicas only (num_replicas, rank)"
-    for name in MESHES:
-        run, lay = runs[name], layout_of(name)
-        for r in range(lay.world):
-            made = [kv(f) for f in run.events(r, "sampler")]
-            if len(made) < 3:
-                if not run.finished():
-                    v.unreached("sampler", what, f"{describe_run(name)} stopped before it")
-                    return
-                v.add("sampler", False, what, f"in {describe_run(name)} rank {r} made "
-                      f"{len(made)} sampler(s), the trainer 3 (train, validation, test)")
-                return
-            dp = lay.coords(r)["dp"]
-            for split, s in zip(("training", "validation", "test"), made[:3]):
-                got = (int(s.get("replicas", -1)), int(s.get("rank", -1)))
-                if got != (lay.size["dp"], dp):
-                    v.add("sampler", False, what, f"in {describe_run(name)} rank {r}'s {split} "
-                          f"sampler splits the data over {got[0]} replicas as replica {got[1]}; "
-                          f"it is replica {dp} of {lay.size['dp']} (mesh.dp_rank() of "
-                          "mesh.dp_size()): the ranks of a tp or cp group read the same batches")
-                    return
-    v.add("sampler", True, what)
-
-
-def held_formula(lay, rank, d, ff, layers):
-    """(attention, mlp) parameters that `rank` holds: q, k, v's rows and linear1's rows split
-    over tp, the output projection's and linear2's columns too, their biases whole."""
-    tp = lay.size["tp"]
+def held_formula(tp, d, ff, layers):
+    """(attention, mlp) parameters a rank holds: q, k, v's rows and linear1's rows split over tp,
+    the output projection's and linear2's columns too, their biases whole."""
     attention = 3 * d * d // tp + 3 * d // tp + d * d // tp + d
     mlp = ff * d // tp + ff // tp + d * ff // tp + d
     return attention * layers, mlp * layers
@@ -295,10 +337,9 @@ def flag(name, default):
     return int(RUN_FLAGS[RUN_FLAGS.index(name) + 1]) if name in RUN_FLAGS else default
 
 
-def slice_of(name, full, lay, rank):
-    """The part of the tp 1 tensor `full` (an archive.Tensor) that `rank` holds of parameter
-    `name`, as (shape, values); None where the parameter is not split."""
-    tp, t = lay.size["tp"], lay.coords(rank)["tp"]
+def slice_of(name, full, tp, t):
+    """The part of the tp 1 tensor `full` (an archive.Tensor) that tp rank t of tp holds of
+    parameter `name`, as (shape, values); None where the parameter is not split."""
     shape, vals = list(full.shape), full.values
     if tp == 1:
         return None
@@ -351,267 +392,347 @@ def differs(a_shape, a_vals, b_shape, b_vals):
     return ""
 
 
-def judge_shards(v, runs, concept, part, j):
-    """TODO 3 (part "mlp") or 4 ("attention"): what each rank holds, its weights and first
-    averaged gradients against the reference's slices, and where its collectives go."""
-    what = {"mlp": "the MLP is split column -> row over the tp group: each rank holds its "
-                   "slices, their gradients are tp 1's, Megatron's two all-reduces a step",
-            "attention": "attention's heads are split over the tp group: each rank holds its "
-                         "heads' q, k, v rows and output columns, their gradients are tp 1's, "
-                         "two all-reduces a step"}[part]
+def judge_split(e, run, traced, part, j):
+    """TODO 3 (part "mlp") or 4 ("attention"), what the run shows without comparing numbers:
+    what each rank holds against the formula for its mesh's tp, its lines' collectives on its tp
+    group (cp's gathers of keys and values on its cp group), Megatron's two all-reduces a step."""
     d, ff, layers = flag("--d-model", 32), flag("--feedforward", 64), flag("--layers", 1)
-    batch = flag("--batch-size", 8)
-    seq = flag("--seq-len", 16)
-    for name in MESHES:
-        run, lay = runs[name], layout_of(name)
-        ref = runs["ref2" if lay.size["dp"] == 2 else "ref1"]
-        if not ref.finished():
-            v.note(concept, f"the solution's reference run failed: {ref.failure()}")
+    batch, seq = flag("--batch-size", 8), flag("--seq-len", 16)
+    tp = traced.size["tp"]
+    for r in range(run.ranks):
+        held = [m for m in HELD.finditer(run.logs.get(r, "")) if m.group(1) == str(r)]
+        if not held:
+            if run.finished():
+                e.fail(part, f"rank {r} printed no \"rank R holds N parameters: ...\" line")
+            else:
+                e.unreached(part, f"{describe_run(e.name)} stopped before the model was made")
             return
-        for r in range(lay.world):
-            # What the rank holds.
-            h = [m for m in HELD.finditer(run.logs.get(r, "")) if m.group(1) == str(r)]
-            if not h:
-                if run.finished():
-                    v.add(concept, False, what, f"in {describe_run(name)} rank {r} printed no "
-                          "\"rank R holds N parameters: ...\" line")
-                else:
-                    todo, why = j.stop(run)
-                    if todo == j.v.todo(concept):
-                        v.add(concept, False, what, f"{describe_run(name)} stopped: {why}")
-                    else:
-                        v.unreached(concept, what, f"{describe_run(name)} stopped before it")
+        got = int(held[-1].group(3 if part == "attention" else 4))
+        want = held_formula(tp, d, ff, layers)[0 if part == "attention" else 1]
+        if got != want:
+            e.fail(part, f"rank {r} holds {got} parameters of {part}; split over its mesh's tp "
+                   f"group ({tp} ranks) it holds {want}")
+            return
+        tp_group, cp_group = traced.members(r, ("tp",)), traced.members(r, ("cp",))
+        for c in calls(run, r):
+            if j.todo_of(c.get("site", "")) != j.v.todo(part):
+                continue
+            on = members_of(c.get("group"), run.ranks)
+            # Attention's keys and values are all-gathered over cp (reduce-scattered back); the
+            # model's file gathers each layer's slices over tp.
+            gathers = c.get("kind") in ("all_gather", "reduce_scatter")
+            if on != tp_group and not (gathers and on == cp_group):
+                e.fail(part, f"rank {r}'s {c.get('kind')} #{c.get('seq')} ({c.get('site')}) is on "
+                       f"the group {show(on)}; its tp group is {show(tp_group)}")
                 return
-            got = int(h[-1].group(3 if part == "attention" else 4))
-            want = held_formula(lay, r, d, ff, layers)[0 if part == "attention" else 1]
-            if got != want:
-                v.add(concept, False, what, f"in {describe_run(name)} rank {r} holds {got} "
-                      f"parameters of {part}; split over tp {lay.size['tp']} it holds {want}")
+        if tp > 1:
+            n = count_per_step(run, r, j, part, f"[{batch},{seq // traced.size['cp']},{d}]")
+            if n is None:
+                e.unreached(part, f"{describe_run(e.name)} stopped before its first step")
                 return
-            # The collectives of the TODO's lines: on the tp group (cp's on the cp group).
-            tp_group = lay.members(r, ("tp",))
-            cp_group = lay.members(r, ("cp",))
-            per_step, steps = 0, 0
-            for c in calls(run, r):
-                if j.todo_of(c.get("site", "")) != j.v.todo(concept):
-                    continue
-                on = members_of(c.get("group"), lay.world)
-                # Attention's keys and values are all-gathered over cp (reduce-scattered back);
-                # the model's file gathers each layer's slices over tp.
-                gathers = c.get("kind") in ("all_gather", "reduce_scatter")
-                if on != tp_group and not (gathers and on == cp_group):
-                    v.add(concept, False, what, f"in {describe_run(name)} rank {r}'s "
-                          f"{c.get('kind')} #{c.get('seq')} ({c.get('site')}) is on the group "
-                          f"{show(on)}; its tp group is {show(tp_group)}")
-                    return
-            if lay.size["tp"] > 1:
-                per_step = count_per_step(run, r, j, concept, f"[{batch},{seq // lay.size['cp']},{d}]")
-                if per_step is not None and per_step != 2 * layers:
-                    v.add(concept, False, what, f"in {describe_run(name)} rank {r} made "
-                          f"{per_step} all-reduce(s) of [batch, seq, d] on its tp group in the "
-                          f"first training step from this TODO's lines; Megatron's split makes "
-                          f"{2 * layers} (one forward, one backward, per block)")
-                    return
-            # The weights and their first averaged gradients: the reference's slices.
-            mine = first_backward(run, r)
-            theirs = first_backward(ref, lay.coords(r)["dp"] if ref.ranks > 1 else 0)
-            if mine is None or theirs is None:
-                if run.finished():
-                    v.add(concept, False, what, f"in {describe_run(name)} rank {r} traced no "
-                          "weights after the first backward (the training forward goes through "
-                          "ddp)")
-                    return
-                v.unreached(concept, what, f"{describe_run(name)} stopped before it")
+            if n != 2 * layers:
+                e.fail(part, f"rank {r} made {n} all-reduce(s) of [batch, seq, d] on its tp "
+                       f"group in the first training step from this TODO's lines; Megatron's "
+                       f"split makes {2 * layers} (one forward, one backward, per block)")
                 return
-            for pname, (w, g) in mine.items():
-                if f".{part}." not in pname or pname not in theirs:
-                    continue
-                tw, tg = theirs[pname]
-                for kind, a, b in (("weights", w, tw), ("first averaged gradient", g, tg)):
-                    cut = slice_of(pname, b, lay, r)
-                    shape, vals = cut if cut else (b.shape, b.values)
-                    why = differs(a.shape, a.values, shape, vals)
-                    if why:
-                        whose = "slice of tp 1's" if cut else "tp 1's"
-                        v.add(concept, False, what, f"in {describe_run(name)} rank {r}'s "
-                              f"{kind} of {pname} are not the matching {whose} ({why})")
-                        return
-    v.add(concept, True, what)
+    e.ok(part)
 
 
 def count_per_step(run, rank, j, concept, shape):
     """All-reduces of `shape` made from `concept`'s lines between the first training forward and
     the first step's end, or None if the run never got there."""
-    seq = run.traces[rank]
     n, started = 0, False
-    for k, fields in seq:
+    for k, fields in run.traces[rank]:
         if k == "forward":
             started = True
         elif k == "step" and started:
             return n
         elif k == "coll" and started:
             c = kv(fields)
-            if c.get("kind") == "all_reduce" and c.get("shape") == shape.replace(" ", "") and \
+            if c.get("kind") == "all_reduce" and c.get("shape") == shape and \
                     j.todo_of(c.get("site", "")) == j.v.todo(concept):
                 n += 1
     return None
 
 
-def judge_group(v, runs, concept, what, pick, j, need):
-    """Every collective `pick(call)` selects is on the rank's dp x cp group; where that group has
-    more than one rank, rank 0 made at least one (need: what it is)."""
-    for name in MESHES:
-        run, lay = runs[name], layout_of(name)
-        made = False
-        for r in range(lay.world):
-            want = lay.members(r, ("dp", "cp"))
-            for c in calls(run, r):
-                if not pick(c):
-                    continue
-                on = members_of(c.get("group"), lay.world)
-                made = made or r == 0
-                if on != want:
-                    v.add(concept, False, what, f"in {describe_run(name)} rank {r}'s "
-                          f"{c.get('kind')} #{c.get('seq')} ({c.get('site')}) is on the group "
-                          f"{show(on)}; the ranks that hold its weights, its dp x cp group, are "
-                          f"{show(want)}")
-                    return False
-        if not made and len(lay.members(0, ("dp", "cp"))) > 1:
-            if run.finished():
-                v.add(concept, False, what, f"in {describe_run(name)} rank 0 made no {need}")
-                return False
-            todo, why = j.stop(run)
-            if todo == v.todo(concept):
-                v.add(concept, False, what, f"{describe_run(name)} stopped: {why}")
-                return False
-    return True
+def judge_group(e, run, traced, concept, pick, need):
+    """Every collective `pick(call)` selects is on the rank's dp x cp group of its mesh; where that
+    group has more than one rank, rank 0 made at least one (need: what it is)."""
+    made = False
+    for r in range(run.ranks):
+        want = traced.members(r, ("dp", "cp"))
+        for c in calls(run, r):
+            if not pick(c):
+                continue
+            on = members_of(c.get("group"), run.ranks)
+            made = made or r == 0
+            if on != want:
+                e.fail(concept, f"rank {r}'s {c.get('kind')} #{c.get('seq')} ({c.get('site')}) is "
+                       f"on the group {show(on)}; the ranks that hold its weights, its dp x cp "
+                       f"group, are {show(want)}")
+                return
+    if not made and len(traced.members(0, ("dp", "cp"))) > 1:
+        if run.finished():
+            e.fail(concept, f"rank 0 made no {need}")
+        else:
+            e.unreached(concept, f"{describe_run(e.name)} stopped before it")
+        return
+    e.ok(concept)
 
 
-def losses_wrong(run, ref, resumed=False):
+def judge_cp_inputs(e, run, traced):
+    """TODO 7, without numbers: attention's all-gathers over cp hold [batch, heads, seq / cp, ...]
+    (each rank its part of every sequence, in training and in evaluation)."""
+    seq = flag("--seq-len", 16)
+    cp = traced.size["cp"]
+    seen = 0
+    for r in range(run.ranks):
+        cp_group = traced.members(r, ("cp",))
+        for c in calls(run, r):
+            if c.get("kind") != "all_gather" or members_of(c.get("group"), run.ranks) != cp_group \
+                    or len(cp_group) < 2:
+                continue
+            dims = [int(x) for x in re.findall(r"\d+", c.get("shape", ""))]
+            if len(dims) != 4:
+                continue
+            seen += 1
+            if dims[2] != seq // cp:
+                e.fail("cp", f"rank {r}'s all-gather of keys and values #{c.get('seq')} "
+                       f"({c.get('site')}) holds {dims[2]} positions of each sequence; its part "
+                       f"is {seq} / cp {cp} = {seq // cp} (kit::cp_shard along the sequence, "
+                       "dimension 1, of inputs and targets, in training and evaluation)")
+                return
+    if cp > 1 and not seen:
+        if run.finished():
+            e.fail("cp", "attention gathered no keys and values over the cp group: each rank "
+                   "saw whole sequences")
+        else:
+            e.unreached("cp", f"{describe_run(e.name)} stopped before it")
+        return
+    e.ok("cp")
+
+
+def needs(e, concepts):
+    """The first of `concepts` this run does not show right (its TODO must be fixed first)."""
+    return next((c for c in concepts if not e.good(c)), None)
+
+
+def judge_numbers(e, run, traced, ref, j):
+    """The numbers, where the run's structure is right: each rank's weights and first averaged
+    gradients of the split parts are the reference's slices (TODOs 3 and 4), and the losses are
+    the reference's, per step (a cp group's mean) and printed (TODO 6, or 7 at cp 2)."""
+    labels = j.v.labels
+    for part in ("mlp", "attention"):
+        first = needs(e, ("sampler", "mlp", "attention", "ddp"))
+        if first:
+            if first != part:
+                e.unreached(part, f"its numbers need TODO {labels[first]} first")
+            continue
+        why = numbers_wrong(run, traced, ref, part)
+        if why is None:
+            e.unreached(part, f"{describe_run(e.name)} stopped before its first backward")
+        elif why:
+            e.fail(part, why)
+    concept = "cp" if traced.size["cp"] > 1 else "loss"
+    first = needs(e, ("sampler", "mlp", "attention", "ddp", "loss", "cp"))
+    if first:
+        if first != concept:
+            e.unreached(concept, f"its losses need TODO {labels[first]} first")
+        return
     if run.failure():
-        return run.failure()
+        todo, why = j.stop(run)
+        e.fail(concept, f"stopped: {why}")
+        return
+    why = steps_wrong(run, ref, traced) or losses_wrong(run, ref)
+    if why:
+        e.fail(concept, why)
+
+
+def numbers_wrong(run, traced, ref, part):
+    """Why rank r's weights or first averaged gradients of `part` are not the slices of the
+    reference's, "" when they are, None when the run traced none."""
+    for r in range(run.ranks):
+        mine = first_backward(run, r)
+        theirs = first_backward(ref, traced.coords(r)["dp"] if ref.ranks > 1 else 0)
+        if mine is None or theirs is None:
+            return None
+        tp, t = traced.size["tp"], traced.coords(r)["tp"]
+        for pname, (w, g) in mine.items():
+            if f".{part}." not in pname or pname not in theirs:
+                continue
+            tw, tg = theirs[pname]
+            for kind, a, b in (("weights", w, tw), ("first averaged gradient", g, tg)):
+                cut = slice_of(pname, b, tp, t)
+                shape, vals = cut if cut else (b.shape, b.values)
+                why = differs(a.shape, a.values, shape, vals)
+                if why:
+                    whose = "slice of tp 1's" if cut else "tp 1's"
+                    return (f"rank {r}'s {kind} of {pname} are not the matching {whose} ({why}): "
+                            "its part of the block is not the tp 1 block's")
+    return ""
+
+
+def losses_wrong(run, ref):
     mine, theirs = losses(run), losses(ref)
     if len(mine) != len(theirs):
         return (f"rank 0 printed {len(mine)} of the {len(theirs)} losses (each epoch's train and "
                 "validation loss, the test loss)")
     for a, b in zip(mine, theirs):
         if abs(a - b) > LOSS_TOL:
-            return f"a printed loss of {a:.5f} where tp 1 has {b:.5f}"
+            return f"rank 0 printed a loss of {a:.5f} where tp 1 has {b:.5f}"
     return ""
 
 
-def steps_wrong(run, ref, lay):
+def steps_wrong(run, ref, traced):
     """Why the per-step losses (the mean over each cp group of its ranks' step losses, for each dp
     replica) are not the reference's (its rank of that dp replica), or ""."""
-    for dp in range(lay.size["dp"]):
-        group = [r for r in range(lay.world) if lay.coords(r)["dp"] == dp and lay.coords(r)["tp"] == 0]
+    for dp in range(traced.size["dp"]):
+        group = [r for r in range(run.ranks)
+                 if traced.coords(r)["dp"] == dp and traced.coords(r)["tp"] == 0]
         per = [step_losses(run, r) for r in group]
         want = step_losses(ref, dp if ref.ranks > 1 else 0)
-        n = min(len(p) for p in per)
+        n = min((len(p) for p in per), default=0)
         if n < len(want):
             return f"{n} training steps traced where the reference made {len(want)}"
         for k in range(len(want)):
             mean = sum(p[k] for p in per) / len(per)
             if abs(mean - want[k]) > STEP_TOL:
                 return (f"step {k + 1}'s loss (dp replica {dp}, the mean over its cp ranks) is "
-                        f"{mean:.7f} where the reference's is {want[k]:.7f}")
+                        f"{mean:.7f} where tp 1's is {want[k]:.7f}")
     return ""
 
 
-def judge_losses(v, runs, j):
-    """TODO 6's printed losses and TODO 7's run at cp 2 against the references."""
-    what6 = ("the training mean and the evaluation's sums are averaged (added up) over the "
-             "ranks of other data and positions, mesh.dp_cp(), not over the tp copies")
-    loss_sites = lambda c: j.todo_of(c.get("site", "")) == v.todo("loss")  # noqa: E731
-    grouped = judge_group(v, runs, "loss", what6, loss_sites, j,
-                          "collective from TODO 6's lines (the losses are not averaged)")
-    if grouped:
-        for name in ("tp2", "mesh4"):
-            run = runs[name]
-            ref = runs["ref2" if layout_of(name).size["dp"] == 2 else "ref1"]
-            why = losses_wrong(run, ref) if run.finished() else ""
-            if why:
-                v.add("loss", False, what6, f"{describe_run(name)}: {why}")
-                grouped = False
-                break
-        if grouped:
-            v.add("loss", True, what6)
-    what7 = "at cp 2 each rank trains on its part of every sequence, to tp 1's losses step by step"
-    run, lay = runs["cp2"], layout_of("cp2")
-    if run.failure():
+def evidence_of(name, run, ref, j):
+    """Everything `run` (one of MESHES) shows, TODO by TODO."""
+    e = Evidence(name)
+    if run.failure():  # a stop in a TODO's line is that TODO's
         todo, why = j.stop(run)
-        if todo in (None, v.todo("cp")):
-            v.add("cp", False, what7, f"{describe_run('cp2')} stopped: {why}")
-        else:
-            v.add("cp", False, what7, f"{describe_run('cp2')} stopped in TODO {todo}",
-                  cause=todo)
-        return
-    why = steps_wrong(run, runs["ref1"], lay) or losses_wrong(run, runs["ref1"])
-    causes = [t for t in (v.todo("ddp"), v.todo("loss"), v.todo("sampler"))
-              if t in v.failed()]
-    if why and causes:
-        v.add("cp", False, what7, f"{why} (TODO {causes[0]} fails above)", cause=causes[0])
-    else:
-        v.add("cp", not why, what7, why)
+        concept = next((c for c, label in LABELS.items() if label == todo), None)
+        if concept:
+            e.fail(concept, f"stopped: {why}")
+    traced, lay = Traced(run), layout_of(name)
+    judge_mesh(e, run, traced, name)
+    if not traced.complete:
+        for c in LABELS:
+            e.unreached(c, f"{describe_run(name)} stopped before every rank made its mesh")
+        return e
+    # The other TODOs are judged on the student's mesh where it has the sizes asked for (its
+    # order, right or wrong, is TODO 1's: each group is judged as that mesh made it), else on the
+    # mesh the flags ask for: a mesh without --tp has no tp group to judge a split against.
+    if traced.size != lay.size:
+        traced = lay
+    judge_samplers(e, run, traced)
+    judge_split(e, run, traced, "mlp", j)
+    judge_split(e, run, traced, "attention", j)
+    judge_group(e, run, traced, "ddp", lambda c: c.get("site", "").startswith("ddp.cpp:"),
+                "DDP collective")
+    judge_group(e, run, traced, "loss", lambda c: j.todo_of(c.get("site", "")) == LABELS["loss"],
+                "collective from TODO 6's lines (the losses are not averaged)")
+    if traced.size["cp"] > 1:
+        judge_cp_inputs(e, run, traced)
+    if not ref.finished():
+        e.unreached("loss", f"the solution's reference run failed: {ref.failure()}")
+        return e
+    judge_numbers(e, run, traced, ref, j)
+    if run.failure() and name == "cp2" and e.state.get("cp", ("unreached",))[0] != "fail":
+        # Stopped outside the TODOs: what a cp 2 run adds to the others is TODO 7's.
+        todo, why = j.stop(run)
+        wrong = [c for c in ("sampler", "mlp", "attention", "ddp", "loss")
+                 if e.state.get(c, ("",))[0] == "fail"]
+        # The model's refusal of whole sequences names kit::cp_shard: TODO 7's own evidence.
+        if todo is None and (not wrong or "cp_shard" in why):
+            e.state.pop("cp", None)
+            e.fail("cp", f"stopped: {why}")
+    return e
 
 
-def judge_checkpoint(v, check, runs, j):
-    what = "every rank saves its own shard and the next run resumes from it to tp 1's losses"
-    first = runs["stop"]
-    if first.startup:
-        v.add("checkpoint", False, what, first.failure())
-        return
-    if first.failure() and not re.search(r"stop", first.failure() or "", re.I):
-        todo, why = j.stop(first)
-        if todo and todo != v.todo("checkpoint"):
-            v.unreached("checkpoint", what, f"the stopped run stopped in TODO {todo} first")
+def judge_checkpoint(check, runs, tp2, j):
+    """TODO 8: the stopped run left every rank's shard, and the second run resumes from it to tp
+    1's losses. Judged where the tp 2 run is right up to its losses."""
+    e = Evidence("tp2")
+    stopped = runs["stop"]
+    if stopped.startup:
+        e.fail("checkpoint", stopped.failure())
+        return e
+    if stopped.failure():
+        todo, why = j.stop(stopped)
+        if todo and todo != LABELS["checkpoint"]:
+            e.unreached("checkpoint", f"the run to stop after {STOP_AFTER} steps stopped in TODO "
+                        f"{todo} first")
         else:
-            v.add("checkpoint", False, what, f"the run stopped after {STOP_AFTER} steps: {why}")
-        return
-    saved = os.path.join(first.out_dir, "checkpoints")
-    newest = sorted((d for d in (os.listdir(saved) if os.path.isdir(saved) else [])
-                     if re.fullmatch(r"step-\d+", d)), key=lambda s: int(s[5:]))
+            e.fail("checkpoint", f"the run stopped after {STOP_AFTER} steps failed: {why}")
+        return e
+    saved = os.path.join(stopped.out_dir, "checkpoints")
+    steps = sorted((d for d in (os.listdir(saved) if os.path.isdir(saved) else [])
+                    if re.fullmatch(r"step-\d+", d)), key=lambda s: int(s[5:]))
     shards = [f"shard-{r}-of-2.pt" for r in range(2)]
-    if not newest or not all(os.path.isfile(os.path.join(saved, newest[-1], "zero", s))
-                             for s in shards):
-        v.add("checkpoint", False, what, f"after the stop, no checkpoint holds every rank's shard "
-              f"({', '.join(shards)} in checkpoints/step-*/zero): rank 0 alone saved what it holds")
-        return
-    again = resume(check, first)
+    if not steps or not all(os.path.isfile(os.path.join(saved, steps[-1], "zero", s))
+                            for s in shards):
+        e.fail("checkpoint", f"stopped after {STOP_AFTER} steps, left no checkpoint with every "
+               f"rank's shard ({', '.join(shards)} in checkpoints/step-*/zero): rank 0 alone "
+               "saved what it holds")
+        return e
+    # Resumed, its losses are tp 1's only where the tp 2 run's are.
+    first = needs(tp2, ("sampler", "mlp", "attention", "ddp", "loss"))
+    if first:
+        e.unreached("checkpoint", f"every rank saved its shard; the resume needs TODO "
+                    f"{LABELS[first]} first")
+        return e
+    again = resume(check, stopped)
     if again.failure():
         todo, why = j.stop(again)
-        v.add("checkpoint", False, what, f"the second run stopped: {why}")
-        return
+        e.fail("checkpoint", f"stopped after {STOP_AFTER} steps and run again: the second run "
+               f"stopped: {why}")
+        return e
     if not re.search(r"^resuming from ", again.logs.get(0, ""), re.M):
-        v.add("checkpoint", False, what, "the second run did not say \"resuming from ...\": it "
-              "started afresh")
-        return
+        e.fail("checkpoint", f"stopped after {STOP_AFTER} steps and run again: the second run "
+               "did not say \"resuming from ...\": it started afresh")
+        return e
     why = losses_wrong(again, runs["ref1"])
     if why:
-        v.add("checkpoint", False, what, f"the resumed run: {why} (it went on from other weights "
-              "than the stopped run's)")
-        return
-    v.add("checkpoint", True, what)
+        e.fail("checkpoint", f"stopped after {STOP_AFTER} steps and resumed: {why} (it went on "
+               "from other weights than the stopped run's)")
+        return e
+    e.ok("checkpoint")
+    return e
+
+
+REQUIRED = {"cp": ("cp2",), "checkpoint": ("stop",)}
+WHAT = {"mesh": "every rank builds the mesh of --tp, --cp and --order and prints where it sits",
+        "sampler": "each rank's samplers split the data over the dp replicas only",
+        "mlp": "the MLP is split column -> row over the tp group: each rank its slices, their "
+               "gradients tp 1's, two all-reduces a step",
+        "attention": "attention's heads are split over the tp group: each rank its heads' q, k, "
+                     "v rows and output columns, their gradients tp 1's, two all-reduces a step",
+        "ddp": "DDP averages over the ranks that hold the same weights, mesh.dp_cp()",
+        "loss": "the losses are averaged (the evaluation's sums added up) over mesh.dp_cp(), "
+                "not over the tp copies, to tp 1's losses",
+        "cp": "at cp 2 each rank trains on its part of every sequence, to tp 1's losses step by "
+              "step",
+        "checkpoint": "every rank saves its own shard and a stopped run resumes from it to tp "
+                      "1's losses"}
 
 
 def judge(check):
     v, j = check.verdicts, Judge(check)
     runs = launch_all(check)
-    for name in MESHES:
-        run = runs[name]
-        if run.failure():
-            todo, why = j.stop(run)
-            if todo:
-                v.add(todo, False, f"{describe_run(name)} gets to its end", why, first=True)
-    judge_mesh(v, runs)
-    judge_samplers(v, runs)
-    judge_shards(v, runs, "mlp", "mlp", j)
-    judge_shards(v, runs, "attention", "attention", j)
-    what5 = "DDP averages over the ranks that hold the same weights, mesh.dp_cp()"
-    ddp_calls = lambda c: c.get("site", "").startswith("ddp.cpp:")  # noqa: E731
-    if judge_group(v, runs, "ddp", what5, ddp_calls, j, "DDP collective"):
-        v.add("ddp", True, what5)
-    judge_losses(v, runs, j)
-    judge_checkpoint(v, check, runs, j)
+    found = {name: evidence_of(name, runs[name], runs["ref2" if name == "mesh4" else "ref1"], j)
+             for name in MESHES}
+    found["stop"] = judge_checkpoint(check, runs, found["tp2"], j)
+    for concept, what in WHAT.items():
+        states = {name: e.state[concept] for name, e in found.items() if concept in e.state}
+        failed = [text for state, text in states.values() if state == "fail"]
+        # Each TODO needs the runs that show it: the tensor-parallel ones (tp 2, dp 2 x tp 2),
+        # cp 2 for TODO 7, the stopped one for TODO 8. The cp 2 run adds to the others where it
+        # gets that far; stopped there first by TODO 7's mistake, it takes nothing away.
+        needed = REQUIRED.get(concept, ("tp2", "mesh4"))
+        missing = [states[n][1] if n in states else f"{describe_run(n)} did not show it"
+                   for n in needed if states.get(n, ("",))[0] != "ok"]
+        if failed:
+            v.add(concept, False, what, failed[0])
+        elif missing:
+            v.unreached(concept, what, missing[0])
+        else:
+            v.add(concept, True, what)
     judges.check_destroy(v, check.many, check.ranks)
     compare.judge_run(check, f"your run on {check.ranks} ranks (tp 1) follows the solution's")
