@@ -278,10 +278,15 @@ class Evidence:
 def judge_mesh(e, run, traced, name):
     """TODO 1: the mesh each rank built, against --tp, --cp and --order; its line on every rank."""
     lay = layout_of(name)
+    if not traced.at:
+        e.unreached("mesh", f"{describe_run(name)} stopped before its ranks made their mesh")
+        return
     for r in range(lay.world):
         if r not in traced.at:
-            e.unreached("mesh", f"{describe_run(name)} stopped before rank {r} made its mesh")
-            return
+            if run.finished():
+                e.fail("mesh", f"rank {r} made no kit::Mesh")
+                return
+            continue  # a rank killed when another failed may not have written its trace
         want, got = lay.coords(r), traced.coords(r)
         if got != want or traced.order != lay.order or traced.size != lay.size:
             e.fail("mesh", f"rank {r} built a mesh where it sits at tp {got['tp']} of "
@@ -612,14 +617,15 @@ def evidence_of(name, run, ref, j):
             e.fail(concept, f"stopped: {why}")
     traced, lay = Traced(run), layout_of(name)
     judge_mesh(e, run, traced, name)
-    if not traced.complete:
+    if not traced.at:
         for c in LABELS:
-            e.unreached(c, f"{describe_run(name)} stopped before every rank made its mesh")
+            e.unreached(c, f"{describe_run(name)} stopped before its ranks made their mesh")
         return e
     # The other TODOs are judged on the student's mesh where it has the sizes asked for (its
     # order, right or wrong, is TODO 1's: each group is judged as that mesh made it), else on the
-    # mesh the flags ask for: a mesh without --tp has no tp group to judge a split against.
-    if traced.size != lay.size:
+    # mesh the flags ask for: a mesh without --tp has no tp group to judge a split against (and
+    # where a rank's trace was cut short by another rank's failure, the flags' mesh stands in).
+    if not traced.complete or traced.size != lay.size:
         traced = lay
     judge_samplers(e, run, traced)
     judge_split(e, run, traced, "mlp", j)
