@@ -443,9 +443,190 @@ def three_d():
     return [("3d-parallel.svg", svg)]
 
 
+# --- exercise 04: Megatron's splits, f and g, context parallelism -------------------------------
+
+def tp_mlp():
+    """The MLP on two tp ranks: linear1 column-parallel, linear2 row-parallel, one all-reduce."""
+    svg = Svg(1180, 470, "The MLP split over two tp ranks: linear1 by its output features (column-"
+                         "parallel), linear2 by its input features (row-parallel); nothing is sent "
+                         "between them, one all-reduce adds up the partial outputs")
+
+    def box(x, y, w, h, r, label, sub_label=None, size=17):
+        fill, stroke = (PAPER, INK) if r is None else (LIGHT[r], COLORS[r])
+        svg.rect(x, y, w, h, fill=fill, stroke=stroke, rx=5)
+        svg.text(x + w / 2, y + h / 2 + (0 if sub_label else 6), label, size=size)
+        if sub_label:
+            svg.text(x + w / 2, y + h / 2 + 20, sub_label, size=13, fill=MUTED)
+
+    heads = [(190, "x · A", "linear1, column-parallel", "[b·s, d] → [b·s, ff/2]"),
+             (450, "relu", "on its own slice", ""),
+             (640, "· B", "linear2, row-parallel", "[b·s, ff/2] → [b·s, d]")]
+    for x, h, l1, l2 in heads:
+        w = 120 if h == "relu" else 150
+        svg.text(x + w / 2, 38, h, size=19, weight="bold")
+        svg.text(x + w / 2, 60, l1, size=14, fill=MUTED)
+        if l2:
+            svg.text(x + w / 2, 78, l2, size=13, fill=MUTED, mono=True)
+    for r in range(2):
+        y = 105 + r * 150
+        svg.text(20, y + 55, f"tp rank {r}", size=17, anchor="start", weight="bold", fill=COLORS[r])
+        box(110, y + 10, 50, 80, None, "x")                        # the replicated input
+        svg.arrow(160, y + 50, 188, y + 50, sw=1.8)
+        box(190, y, 150, 100, r, f"A{sub(r + 1)}", "linear1's rows", size=20)
+        svg.arrow(340, y + 50, 448, y + 50, sw=1.8)
+        box(450, y + 15, 120, 70, r, f"H{sub(r + 1)}", "hidden slice", size=20)
+        svg.arrow(570, y + 50, 638, y + 50, sw=1.8)
+        box(640, y, 150, 100, r, f"B{sub(r + 1)}", "linear2's columns", size=20)
+        svg.arrow(790, y + 50, 838, y + 50, sw=1.8)
+        box(840, y + 15, 100, 70, r, f"Y{sub(r + 1)}", "partial sum", size=20)
+        svg.arrow(940, y + 50, 983, 225 + (r - 0.5) * 40, sw=1.8)
+    svg.rect(352, 95, 276, 270, fill="none", stroke=COLORS[2], sw=2.5, rx=10, dash="8 5")
+    svg.text(490, 385, "no communication here:", size=16, weight="bold", fill=COLORS[2])
+    svg.text(490, 405, "H₁ and H₂ never leave their rank", size=15, fill=COLORS[2])
+    svg.rect(985, 175, 72, 100, fill=SUM, stroke=INK, rx=8)
+    svg.text(1021, 220, "g", size=24, fill="white", weight="bold", italic=True)
+    svg.text(1021, 246, "all-", size=14, fill="white")
+    svg.text(1021, 262, "reduce", size=14, fill="white")
+    svg.arrow(1057, 225, 1086, 225, sw=1.8)
+    svg.rect(1088, 185, 80, 80, fill=PAPER, stroke=INK, rx=5)
+    svg.text(1128, 222, "Y", size=20)
+    svg.text(1128, 244, "Y₁ + Y₂", size=13, fill=MUTED)
+    svg.text(20, 440, "x: the same on both ranks (replicated). A = [A₁ | A₂]: linear1.weight's rows (torch stores [out, in]); "
+             "B = [B₁ ; B₂]: linear2.weight's columns.", size=15, anchor="start", fill=MUTED)
+    svg.text(20, 462, "relu(x A) = [relu(x A₁) | relu(x A₂)] and H B = H₁ B₁ + H₂ B₂: one rank's Y, "
+             "with half the weights on each. Backward: f before A all-reduces x's gradient.",
+             size=15, anchor="start", fill=MUTED)
+    return [("tp-mlp.svg", svg)]
+
+
+def tp_block():
+    """A post-norm Transformer block under tp: where f and g sit, forward and backward."""
+    svg = Svg(1180, 470, "Megatron's f and g operators in a Transformer block: two all-reduces in "
+                         "the forward pass (g), two in the backward pass (f)")
+    y, h = 120, 70
+    steps = [("x", None, 50), ("f", "op", 46), ("q k v", 0, 84), ("attention", 0, 100),
+             ("out proj", 0, 92), ("g", "op", 46), ("+ x, norm1", None, 112), ("f", "op", 46),
+             ("linear1", 1, 86), ("relu", 1, 62), ("linear2", 1, 86), ("g", "op", 46),
+             ("+ h, norm2", None, 112)]
+    gap, x = 14, 20
+    spots = []
+    for label, kind, w in steps:
+        if kind == "op":
+            fwd = label == "g"
+            svg.circle(x + w / 2, y + h / 2, w / 2, fill=SUM if fwd else "white", stroke=INK, sw=2.5)
+            svg.text(x + w / 2, y + h / 2 + 9, label, size=26, weight="bold", italic=True,
+                     fill="white" if fwd else INK)
+        elif kind is None:
+            svg.rect(x, y, w, h, fill=PAPER, stroke=INK, rx=6)
+            svg.text(x + w / 2, y + h / 2 + 6, label, size=16)
+        else:
+            svg.rect(x, y, w, h, fill=LIGHT[kind], stroke=COLORS[kind], rx=6)
+            svg.text(x + w / 2, y + h / 2 + 6, label, size=16)
+        spots.append((label, kind, x, w))
+        x += w + gap
+    for (_, _, x1, w1), (_, _, x2, _) in zip(spots, spots[1:]):
+        svg.arrow(x1 + w1, y + h / 2, x2 - 1, y + h / 2, sw=1.8)
+    # the residual connections, under the row
+    for a, b, name in ((0, 6, "x"), (6, 12, "h")):
+        xa = spots[a][2] + spots[a][3] / 2
+        xb = spots[b][2] + 24
+        svg.path(f"M{xa:g},{y + h} V{y + h + 26} H{xb:g} V{y + h + 2}", stroke=MUTED, sw=1.8, arrow=True)
+        svg.text((xa + xb) / 2, y + h + 20, f"residual: {name}", size=13, fill=MUTED)
+    # the parallel regions: between an f and its g
+    for a, b, name, c in ((1, 5, "attention: this rank's heads", 0), (7, 11, "MLP: this rank's slice", 1)):
+        xa = spots[a][2] + spots[a][3] / 2
+        xb = spots[b][2] + spots[b][3] / 2
+        svg.rect(xa, y - 42, xb - xa, 30, fill=LIGHT[c], stroke=COLORS[c], rx=6)
+        svg.text((xa + xb) / 2, y - 21, name, size=15, fill=INK)
+    svg.rect(20, 28, 22, 18, fill=PAPER, stroke=INK, rx=3)
+    svg.text(50, 43, "replicated: the same on every tp rank", size=15, anchor="start", fill=MUTED)
+    svg.rect(360, 28, 22, 18, fill=LIGHT[0], stroke=COLORS[0], rx=3)
+    svg.text(390, 43, "parallel: each tp rank its own part", size=15, anchor="start", fill=MUTED)
+    # what f and g do in each direction
+    ty = 250
+    svg.rect(20, ty, 1140, 130, fill="white", stroke=GRID, rx=10)
+    svg.text(330, ty + 32, "forward", size=17, weight="bold")
+    svg.text(540, ty + 32, "backward", size=17, weight="bold")
+    for i, (op, name, fwd, bwd) in enumerate((("f", "copy_to", "identity", "all-reduce the gradient"),
+                                              ("g", "reduce_from", "all-reduce (sum)", "identity"))):
+        yy = ty + 68 + i * 40
+        svg.circle(60, yy - 6, 17, fill=SUM if op == "g" else "white", stroke=INK)
+        svg.text(60, yy + 2, op, size=20, weight="bold", italic=True, fill="white" if op == "g" else INK)
+        svg.text(92, yy, name, size=16, anchor="start", mono=True)
+        svg.text(330, yy, fwd, size=16, weight="bold" if fwd != "identity" else "normal")
+        svg.text(540, yy, bwd, size=16, weight="bold" if bwd != "identity" else "normal")
+    svg.text(700, ty + 52, "f: every rank used the whole x for its part,", size=15, anchor="start", fill=MUTED)
+    svg.text(700, ty + 72, "so x's gradient is the sum of their contributions", size=15, anchor="start", fill=MUTED)
+    svg.text(700, ty + 98, "g: each rank holds a partial sum of the output;", size=15, anchor="start", fill=MUTED)
+    svg.text(700, ty + 118, "its gradient is the same everywhere: nothing to send", size=15, anchor="start", fill=MUTED)
+    svg.text(590, 420, "per block and step: 2 all-reduces forward + 2 backward, each of [batch, seq / cp, d_model], "
+             "on the tp group, whatever tp is", size=16, weight="bold")
+    svg.text(590, 446, "(kit/parallel/mappings.h; the check counts them in the trace)", size=14, fill=MUTED)
+    return [("tp-block.svg", svg)]
+
+
+def cp_attention():
+    """Context parallelism on two ranks: each its half of the sequence, keys and values
+    all-gathered, the causal mask by position."""
+    svg = Svg(1180, 520, "Context parallelism on two cp ranks: each holds half of every sequence, "
+                         "all-gathers the keys and values, and masks by position")
+    seq, cs = 8, 34
+    # left: the sequence split, and the steps
+    svg.text(30, 40, "a sequence of 8 positions, split over cp = 2", size=18, anchor="start", weight="bold")
+    for i in range(seq):
+        r = i // 4
+        svg.rect(30 + i * (cs + 4), 60, cs, cs, fill=LIGHT[r], stroke=COLORS[r], rx=4)
+        svg.text(30 + i * (cs + 4) + cs / 2, 60 + cs / 2 + 6, str(i), size=16)
+    svg.text(30 + 2 * (cs + 4), 118, "cp rank 0", size=15, fill=COLORS[0], weight="bold")
+    svg.text(30 + 6 * (cs + 4), 118, "cp rank 1", size=15, fill=COLORS[1], weight="bold")
+    lines = [("① its tokens → its q, k, v (the weights: whole on both)", INK, "normal"),
+             ("② all-gather k and v over cp: all 8 positions' on both", INK, "normal"),
+             ("③ scores of its 4 queries × all 8 keys, masked", INK, "normal"),
+             (None, None, None),
+             ("backward: the gradients of k and v are", MUTED, "bold"),
+             ("reduce-scattered back to the ranks that made them", MUTED, "normal"),
+             (None, None, None),
+             ("The mask is the whole sequence's: a key is seen", MUTED, "normal"),
+             ("when its position is not after the query's.", MUTED, "normal"),
+             ("Rank 0 sees none of rank 1's keys, rank 1 all of", MUTED, "normal"),
+             ("rank 0's: 10 kept pairs against 26. A zig-zag split", MUTED, "normal"),
+             ("balances them (kit::CpSplit::zigzag).", MUTED, "normal")]
+    for i, (line, color, weight) in enumerate(lines):
+        if line:
+            svg.text(30, 165 + i * 25, line, size=15, anchor="start", fill=color, weight=weight)
+    # right: the two score grids
+    g, x0 = 30, 660
+    for r in range(2):
+        y0 = 90 + r * 215
+        svg.text(x0 - 160, y0 + 58, f"cp rank {r}", size=17, anchor="start", weight="bold", fill=COLORS[r])
+        svg.text(x0 - 160, y0 + 80, f"queries {4 * r}–{4 * r + 3}", size=14, anchor="start", fill=MUTED)
+        for k in range(seq):
+            kr = k // 4
+            svg.rect(x0 + k * g, y0 - 34, g - 3, 26, fill=LIGHT[kr], stroke=COLORS[kr], rx=3)
+            svg.text(x0 + k * g + (g - 3) / 2, y0 - 15, str(k), size=13)
+        for q in range(4):
+            qpos = 4 * r + q
+            svg.text(x0 - 12, y0 + q * g + 20, str(qpos), size=13, anchor="end", fill=COLORS[r])
+            for k in range(seq):
+                seen = k <= qpos
+                svg.rect(x0 + k * g, y0 + q * g, g - 3, g - 3, fill=LIGHT[r] if seen else "url(#idle)",
+                         stroke=COLORS[r] if seen else GRID, sw=1.2, rx=2)
+        for half in range(2):
+            own = half == r
+            svg.text(x0 + (2 + 4 * half) * g, y0 + 4 * g + 20,
+                     "its own" if own else f"from rank {half}", size=13,
+                     fill=COLORS[half])
+    svg.line(x0 + 4 * g - 1.5, 50, x0 + 4 * g - 1.5, 440, stroke=INK, sw=1.5, dash="5 4")
+    svg.rect(x0 + seq * g + 20, 245, 22, 18, fill="url(#idle)", stroke=GRID, rx=2)
+    svg.text(x0 + seq * g + 50, 259, "masked", size=14, anchor="start", fill=MUTED)
+    svg.text(590, 496, "Two collectives per block on the cp group: one all-gather of k and v forward, "
+             "one reduce-scatter of their gradients backward", size=16, weight="bold")
+    return [("cp-attention.svg", svg)]
+
 def all_diagrams():
     out = []
-    for make in (collectives, ring, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d):
+    for make in (collectives, ring, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d,
+                 tp_mlp, tp_block, cp_attention):
         out.extend(make())
     return out
 

@@ -29,6 +29,9 @@
 #     profile) and its table of speed-ups (tests/bench/bench_weather.py --device cuda: the shipped
 #     exercise, then each optimisation added, samples/s, step time, peak memory, u10 RMSE, with
 #     the date and the GPU's name).
+#  8. exercise 04 with NCCL: tp 1 on one GPU, then, with 2 GPUs, tp 2 and cp 2, with 4, tp 4 (one
+#     rank a GPU, dropout 0): each run's final test loss must be tp 1's (ex04-gpu.txt, the logs
+#     ex04-*.log).
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
@@ -172,7 +175,7 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
 fi
 grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
 
-targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ddprun make_corpus corpus)
+targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ex04-solution ddprun make_corpus corpus)
 # Exercise 06, where the configure step found HDF5 (its targets exist only then).
 if grep -q 'HDF5 not found' "$RESULTS/configure.log"; then
   say "HDF5 not found: exercise 06 is not built here (Debian: libhdf5-dev; a module: cray-hdf5, HDF5)"
@@ -260,6 +263,46 @@ else
       --exercise "$BUILD/bin/ex06-exercise" --solution "$BUILD/bin/ex06-solution" \
       --make-weather "$BUILD/bin/make_weather" --work "$BUILD/tests/bench/weather-gpu" \
       --csv "$RESULTS/weather-table.csv" --profile 2>&1 | tee "$RESULTS/weather-table.txt" || status=1
+fi
+
+# --- exercise 04 on the GPUs: tensor and context parallelism with NCCL ----------------------------
+# Each run on 1 GPU a rank (--dropout 0: tp's parallel regions draw their own dropout numbers, so
+# only without dropout is tp N the very run of tp 1). Every rank must print the same final test
+# loss as tp 1 on one GPU, within 2 units of its last digit (rules/ex04.py's LOSS_TOL).
+ex04_loss() {  # NAME RANKS FLAGS...: the run's final test loss, or nothing
+  local name=$1 ranks=$2
+  shift 2
+  "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/ex04-solution" \
+      --data-dir "$BUILD/data/wikitext-2" --out-dir "$BUILD/ex04-gpu/$name" --epochs 1 \
+      --max-steps 20 --heads 4 --dropout 0 "$@" >"$RESULTS/ex04-$name.log" 2>&1 || return 0
+  sed -n 's/^final test loss \([0-9.]*\).*/\1/p' "$RESULTS/ex04-$name.log" | head -n 1
+}
+if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "exercise 04 not run on the GPU (no GPU or no CUDA torch)" | tee "$RESULTS/ex04-gpu.txt"
+else
+  rm -rf "$BUILD/ex04-gpu"
+  say "exercise 04 on the GPUs: tp and cp with NCCL against tp 1 (dropout 0)"
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ), GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    base=$(ex04_loss tp1 1)
+    echo "tp 1 on 1 GPU: final test loss ${base:-none (see ex04-tp1.log): FAILED}"
+    runs=()
+    [ "$gpus" -ge 2 ] && runs+=("tp2 2 --tp 2" "cp2 2 --cp 2")
+    [ "$gpus" -ge 4 ] && runs+=("tp4 4 --tp 4")
+    for r in "${runs[@]}"; do
+      read -r name ranks flags <<<"$r"
+      # shellcheck disable=SC2086  # the flags split into words
+      got=$(ex04_loss "$name" "$ranks" $flags)
+      if [ -n "$got" ] && [ -n "$base" ] &&
+          awk -v a="$got" -v b="$base" 'BEGIN { d = a - b; exit !(d <= 2e-5 && d >= -2e-5) }'; then
+        echo "$name on $ranks GPUs: final test loss $got: equal to tp 1's"
+      else
+        echo "$name on $ranks GPUs: final test loss ${got:-none (see ex04-$name.log)}, tp 1's ${base:-none}: FAILED"
+      fi
+    done
+    [ "$gpus" -ge 2 ] || echo "tp 2 and cp 2 need 2 GPUs (one rank a GPU): not run on $gpus"
+  } 2>&1 | tee "$RESULTS/ex04-gpu.txt"  # a subshell: its verdict is read from the file
+  grep -q FAILED "$RESULTS/ex04-gpu.txt" && status=1
 fi
 
 say "results in $RESULTS"

@@ -57,6 +57,25 @@ void record_training_forward(const torch::nn::Module& model, int64_t step) {
   if (step == 1) save_initial_weights(model);
 }
 
+void record_gradients(int64_t step, const std::vector<std::string>& names,
+                      const std::vector<torch::Tensor>& params) {
+  const char* wanted = std::getenv("KIT_TRACE_WEIGHTS");
+  const std::string path = file("first-backward", "pt");
+  if (step != 1 || wanted == nullptr || std::string(wanted) != "1" || path.empty()) return;
+  torch::serialize::OutputArchive archive;
+  std::string list;
+  for (size_t i = 0; i < params.size() && i < names.size(); ++i) {
+    const torch::Tensor& g = params[i].grad();
+    archive.write("w" + std::to_string(i), params[i].detach().cpu());
+    archive.write("g" + std::to_string(i), g.defined() ? g.detach().cpu() : torch::zeros({0}));
+    list += names[i] + "\n";
+  }
+  archive.save_to(path);
+  std::ofstream out(file("first-backward", "names"));
+  out << list;
+  if (!out) throw std::runtime_error("cannot write the parameters' names beside " + path);
+}
+
 void record_evaluation(const torch::nn::Module& model) {
   if (!enabled()) return;
   torch::NoGradGuard no_grad;

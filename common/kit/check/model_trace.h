@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -29,5 +31,14 @@ void record_training_forward(const torch::nn::Module& model, int64_t step);
 // (batch norm's running statistics). Ranks that evaluate the same model record the same sum.
 // No-op while tracing is off.
 void record_evaluation(const torch::nn::Module& model);
+
+// With KIT_TRACE_WEIGHTS=1, after the first backward (DDP's averages, before the optimizer's
+// step): each parameter of `params` (named `names`) and its gradient, in "first-backward-rank<r>.pt"
+// beside the trace, a torch::serialize archive whose keys are "w<i>" (the weight) and "g<i>" (its
+// gradient) for the i-th name, and the names, one a line, in "first-backward-rank<r>.names" (an
+// archive's keys cannot hold the dots of a name). common/tools/checklib/archive.py reads it
+// without torch. No-op otherwise, and after step 1.
+void record_gradients(int64_t step, const std::vector<std::string>& names,
+                      const std::vector<torch::Tensor>& params);
 
 }  // namespace kit::trace

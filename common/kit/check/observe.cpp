@@ -128,11 +128,20 @@ void ddp_step(int64_t step, double waited_s) {
 
 void ddp_buffers(size_t count) { trace::record("ddp_buffers", "count=" + std::to_string(count)); }
 
+void mesh(int rank, const std::string& coords, const std::string& groups) {
+  trace::record("mesh", "rank=" + std::to_string(rank) + " " + coords + " " + groups);
+}
+
 void ddp_rebuild(size_t buckets) {
   trace::record("ddp_rebuild", "buckets=" + std::to_string(buckets));
 }
 
 void ddp_no_sync() { trace::record("ddp_no_sync", ""); }
+
+void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                   const std::vector<torch::Tensor>& params) {
+  trace::record_gradients(step, names, params);
+}
 
 void step(int64_t epoch, int64_t step, const torch::Tensor& loss) {
   // %.9g: a float32 loss exactly, for the step-by-step comparison with the solution's run.

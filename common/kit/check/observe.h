@@ -57,7 +57,10 @@ void ddp(size_t params, size_t buckets, bool overlap, const torch::Device& devic
 void ddp_step(int64_t step, double waited_s);
 void ddp_buffers(size_t count);
 void ddp_rebuild(size_t buckets);
+void mesh(int rank, const std::string& coords, const std::string& groups);
 void ddp_no_sync();
+void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                   const std::vector<torch::Tensor>& params);
 void step(int64_t epoch, int64_t step, const torch::Tensor& loss);
 void epoch_report(int64_t epoch, int64_t steps, double samples_per_s, const std::string& device,
                   const char* host);
@@ -164,10 +167,26 @@ inline void ddp_buffers(size_t count) {  // rank 0's buffers broadcast before a 
 inline void ddp_rebuild(size_t buckets) {  // the buckets rebuilt in arrival order
   if (on()) detail::ddp_rebuild(buckets);
 }
+// The mesh a rank built (kit::Mesh): its coordinates ("tp=1/2 cp=0/1 dp=1/2 order=tp-cp-dp") and
+// its groups' members ("group_tp=1,3 group_cp=3 group_dp=2,3 group_cp-dp=2,3 ...": each group's
+// directions in alphabetical order), whatever the program prints: the
+// checker judges each collective's group against the mesh the student made.
+inline void mesh(int rank, const std::string& coords, const std::string& groups) {
+  if (on()) detail::mesh(rank, coords, groups);
+}
 // A no_sync() scope opened: the checker tells "every backward ran inside no_sync()" from "DDP
 // was a temporary" by it.
 inline void ddp_no_sync() {
   if (on()) detail::ddp_no_sync();
+}
+
+// A backward's gradients are averaged (DDP's parameters, by the module's own names): with
+// KIT_TRACE_WEIGHTS=1 the first one's weights and gradients go to a file beside the trace
+// (kit/check/model_trace.h), so that the checker compares each rank's shard of a split model
+// with the slice of tp = 1's.
+inline void ddp_gradients(int64_t step, const std::vector<std::string>& names,
+                          const std::vector<torch::Tensor>& params) {
+  if (on() && step == 1) detail::ddp_gradients(step, names, params);
 }
 
 // --- train: metrics and checkpoints (kit/train/) -----------------------------------------------

@@ -297,6 +297,7 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
     stats.last_reduce_bytes = bucket_bytes;
     copy_seconds = 0;
     observe::ddp_step(stats.steps, waited);
+    observe::ddp_gradients(stats.steps, names, params);  // the first step's, for the checker
     if (options.overlap && !stats.rebuilt) rebuild_buckets();
     if (!unused.empty() && !options.find_unused_parameters) {
       std::string list;

@@ -140,17 +140,40 @@ torch::Tensor RowParallelLinearImpl::full_weight() { return gather_parts(weight,
 
 ParallelAttentionImpl::ParallelAttentionImpl(const torch::nn::MultiheadAttention& full,
                                              const Mesh& mesh, RandomStreams& streams, CallSite site)
-    : mesh_(mesh), streams_(streams), dropout_(full->options.dropout()), site_(site) {
-  const int64_t heads = full->options.num_heads(), tp = mesh.tp_size();
+    : ParallelAttentionImpl(
+          ColumnRow{ColumnParallelLinear(full->in_proj_weight, full->in_proj_bias, mesh.tp(),
+                                         ColumnParallelOptions{.stacked = 3}, site),
+                    RowParallelLinear(full->out_proj, mesh.tp(), RowParallelOptions{}, site)},
+          full->options.num_heads(), full->options.dropout(), mesh, streams) {}
+
+ParallelAttentionImpl::ParallelAttentionImpl(ColumnRow layers, int64_t heads, double dropout,
+                                             const Mesh& mesh, RandomStreams& streams)
+    : mesh_(mesh), streams_(streams), dropout_(dropout), site_(layers.column->site()) {
+  const int tp = layers.column->group().size();
+  const CallSite at = layers.column->site();  // a refusal names the trainer's line that split it
+  refuse_unless(layers.column->options().stacked == 3 || tp == 1,  // whole, the blocks are whole too
+                "ParallelAttention: q, k and v's layer must be ColumnParallelOptions{.stacked = 3}, "
+                "so that each rank keeps its heads' rows of each of q, k and v (stacked = " +
+                    std::to_string(layers.column->options().stacked) +
+                    " keeps a block of in_proj_weight's rows: all of q and part of k on the first rank)",
+                at);
+  refuse_unless(!layers.column->options().gather_output,
+                "ParallelAttention: q, k and v's layer gathers its output; each rank computes its "
+                "own heads from its own slice",
+                at);
+  refuse_unless(layers.row->group().size() == tp,
+                "ParallelAttention: q, k and v are split over " + std::to_string(tp) +
+                    " rank(s) but the output projection over " +
+                    std::to_string(layers.row->group().size()) +
+                    ": the row layer's columns must be the heads this rank computes",
+                at);
   refuse_unless(heads % tp == 0,
                 "ParallelAttention: " + std::to_string(heads) + " heads do not split over tp = " +
                     std::to_string(tp) + " ranks",
-                site);
+                at);
   heads_ = heads / tp;
-  qkv = register_module("qkv", ColumnParallelLinear(full->in_proj_weight, full->in_proj_bias,
-                                                    mesh.tp(), ColumnParallelOptions{.stacked = 3},
-                                                    site));
-  out = register_module("out", RowParallelLinear(full->out_proj, mesh.tp(), RowParallelOptions{}, site));
+  qkv = register_module("qkv", std::move(layers.column));
+  out = register_module("out", std::move(layers.row));
 }
 
 void ParallelAttentionImpl::load_full(const torch::nn::MultiheadAttention& full) {
@@ -182,8 +205,10 @@ torch::Tensor ParallelAttentionImpl::forward(const torch::Tensor& x, const torch
     v = kv.narrow(-1, head_dim, head_dim).contiguous();
   }
   auto scores = torch::matmul(q, k.transpose(-2, -1)) + mask;
-  // Dropout on this rank's heads: a parallel region, its own random numbers (random.h).
-  auto weights = dropout(F::softmax(scores, /*dim=*/-1), dropout_, is_training(), streams_.parallel());
+  // Dropout on this rank's heads: a parallel region, its own random numbers (random.h); heads
+  // that every rank computes whole (a group of one) are replicated, alike on the tp ranks.
+  auto& stream = qkv->group().size() > 1 ? streams_.parallel() : streams_.replicated();
+  auto weights = dropout(F::softmax(scores, /*dim=*/-1), dropout_, is_training(), stream);
   auto mixed = torch::matmul(weights, v).transpose(1, 2).reshape({batch, seq, local});
   return out->forward(mixed);
 }
@@ -193,13 +218,35 @@ torch::Tensor ParallelAttentionImpl::forward(const torch::Tensor& x, const torch
 ParallelMLPImpl::ParallelMLPImpl(const torch::nn::Linear& l1, const torch::nn::Linear& l2,
                                  ProcessGroup& tp, RandomStreams& streams, double dropout,
                                  CallSite site)
+    : ParallelMLPImpl(ColumnRow{ColumnParallelLinear(l1, tp, ColumnParallelOptions{}, site),
+                                RowParallelLinear(l2, tp, RowParallelOptions{}, site)},
+                      streams, dropout) {}
+
+ParallelMLPImpl::ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout)
     : streams_(streams), dropout_(dropout) {
-  linear1 = register_module("linear1", ColumnParallelLinear(l1, tp, ColumnParallelOptions{}, site));
-  linear2 = register_module("linear2", RowParallelLinear(l2, tp, RowParallelOptions{}, site));
+  const int tp = layers.column->group().size();
+  const CallSite at = layers.column->site();  // a refusal names the trainer's line that split it
+  refuse_unless(!layers.column->options().gather_output,
+                "ParallelMLP: linear1 gathers its output; the row layer takes each rank's slice of "
+                "the hidden layer as it is (column -> row sends nothing between them)",
+                at);
+  refuse_unless(layers.row->options().input_is_parallel,
+                "ParallelMLP: linear2 scatters its input, but linear1's output is already this "
+                "rank's slice (RowParallelOptions{.input_is_parallel = true})",
+                at);
+  refuse_unless(layers.row->group().size() == tp,
+                "ParallelMLP: linear1 is split over " + std::to_string(tp) + " rank(s) but linear2 "
+                    "over " + std::to_string(layers.row->group().size()) +
+                    ": the column layer's slice of the hidden layer is the row layer's input",
+                at);
+  linear1 = register_module("linear1", std::move(layers.column));
+  linear2 = register_module("linear2", std::move(layers.row));
 }
 
 torch::Tensor ParallelMLPImpl::forward(const torch::Tensor& x) {
-  auto hidden = dropout(F::relu(linear1->forward(x)), dropout_, is_training(), streams_.parallel());
+  // This rank's slice of the hidden layer: a parallel region (random.h); whole on a group of one.
+  auto& stream = linear1->group().size() > 1 ? streams_.parallel() : streams_.replicated();
+  auto hidden = dropout(F::relu(linear1->forward(x)), dropout_, is_training(), stream);
   return linear2->forward(hidden);
 }
 

@@ -86,6 +86,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   torch::Tensor full_bias();    // [out]
   // Rows of the full weight that this rank holds (in order), for tests and reports.
   torch::Tensor rows() const;
+  ProcessGroup& group() const { return tp_; }  // the ranks it is split over
+  const ColumnParallelOptions& options() const { return options_; }
+  const CallSite& site() const { return site_; }  // where the trainer made it
 
   torch::Tensor weight, bias;  // [out / tp, in], [out / tp]
 
@@ -128,6 +131,8 @@ class RowParallelLinearImpl : public torch::nn::Module {
   torch::Tensor full_weight();  // [out, in]; collective
   torch::Tensor full_bias() { return bias.detach().clone(); }
   int tp_rank() const { return tp_.rank(); }  // which columns: [tp_rank in/tp, (tp_rank + 1) in/tp)
+  ProcessGroup& group() const { return tp_; }
+  const RowParallelOptions& options() const { return options_; }
 
   torch::Tensor weight, bias;  // [out, in / tp], [out]
 
@@ -150,6 +155,16 @@ class RowParallelLinear : public torch::nn::ModuleHolder<RowParallelLinearImpl> 
       : ModuleHolder(std::make_shared<Impl>(in, out, tp, options, site)) {}
 };
 
+// A block's attention or MLP as the trainer splits it: the column-parallel layer that opens it and
+// the row-parallel layer that closes it, each made from the tp = 1 layer's weights on a group of
+// the trainer's choice (kit/parallel/parallel_lm.h's ParallelLMOptions::attention and ::mlp;
+// exercise 04's TODOs). On mesh.tp() they are Megatron's split; on mesh.alone(), a group of this
+// rank only, both are whole: every rank holds and computes the whole layer, and sends nothing.
+struct ColumnRow {
+  ColumnParallelLinear column;
+  RowParallelLinear row;
+};
+
 // Self-attention with the heads split over mesh.tp() and the sequence over mesh.cp(): made from a
 // torch::nn::MultiheadAttention (tp = 1; batch_first or not, it only gives the weights).
 // Attention's key bias is held at zero, as kit::TransformerLM holds it (kit/models/transformer_lm.h
@@ -158,6 +173,15 @@ class ParallelAttentionImpl : public torch::nn::Module {
  public:
   ParallelAttentionImpl(const torch::nn::MultiheadAttention& full, const Mesh& mesh,
                         RandomStreams& streams, CallSite site = {});
+  // From q, k and v's layer (ColumnParallelOptions{.stacked = 3}) and the output projection, as the
+  // trainer split them: this rank computes heads / (the column layer's group size) heads, the
+  // heads whose rows of q, k and v it holds. Refused (one line naming the trainer's line that made
+  // the column layer; its collectives over cp name that line too): a split column layer
+  // that is not stacked = 3 (it would hold all of q and part of k, not its heads; a whole one holds
+  // every row either way), or that gathers its output; the two layers split over groups of
+  // different sizes; heads not divisible by the group's size.
+  ParallelAttentionImpl(ColumnRow layers, int64_t heads, double dropout, const Mesh& mesh,
+                        RandomStreams& streams);
   // x [batch, seq / cp, d], replicated over tp; mask [seq / cp, seq]: added to the scores of this
   // rank's queries against every key in the cp group's order (-inf: not seen) -> [batch, seq / cp,
   // d], replicated over tp.
@@ -172,7 +196,7 @@ class ParallelAttentionImpl : public torch::nn::Module {
   RandomStreams& streams_;
   int64_t heads_;  // this rank's
   double dropout_;
-  CallSite site_;
+  CallSite site_;  // the cp collectives': where q, k and v's layer was made
 };
 class ParallelAttention : public torch::nn::ModuleHolder<ParallelAttentionImpl> {
  public:
@@ -180,14 +204,22 @@ class ParallelAttention : public torch::nn::ModuleHolder<ParallelAttentionImpl> 
   ParallelAttention(const torch::nn::MultiheadAttention& full, const Mesh& mesh,
                     RandomStreams& streams, CallSite site = {})
       : ModuleHolder(std::make_shared<Impl>(full, mesh, streams, site)) {}
+  ParallelAttention(ColumnRow layers, int64_t heads, double dropout, const Mesh& mesh,
+                    RandomStreams& streams)
+      : ModuleHolder(std::make_shared<Impl>(std::move(layers), heads, dropout, mesh, streams)) {}
 };
 
-// linear1 column-parallel, ReLU and dropout on this rank's hidden slice (the parallel stream),
-// linear2 row-parallel.
+// linear1 column-parallel, ReLU and dropout on this rank's hidden slice (the parallel stream;
+// the replicated one where the layers are whole, on a group of one rank), linear2 row-parallel.
 class ParallelMLPImpl : public torch::nn::Module {
  public:
   ParallelMLPImpl(const torch::nn::Linear& linear1, const torch::nn::Linear& linear2,
                   ProcessGroup& tp, RandomStreams& streams, double dropout, CallSite site = {});
+  // From the two layers as the trainer split them. Refused (one line naming the trainer's line
+  // that made linear1): the two split
+  // over groups of different sizes (the column layer's slice of the hidden layer is the row
+  // layer's input), a column layer that gathers its output, a row layer that scatters its input.
+  ParallelMLPImpl(ColumnRow layers, RandomStreams& streams, double dropout);
   torch::Tensor forward(const torch::Tensor& x);  // [..., d] -> [..., d], replicated over tp
 
   ColumnParallelLinear linear1{nullptr};
@@ -203,6 +235,8 @@ class ParallelMLP : public torch::nn::ModuleHolder<ParallelMLPImpl> {
   ParallelMLP(const torch::nn::Linear& linear1, const torch::nn::Linear& linear2, ProcessGroup& tp,
               RandomStreams& streams, double dropout, CallSite site = {})
       : ModuleHolder(std::make_shared<Impl>(linear1, linear2, tp, streams, dropout, site)) {}
+  ParallelMLP(ColumnRow layers, RandomStreams& streams, double dropout)
+      : ModuleHolder(std::make_shared<Impl>(std::move(layers), streams, dropout)) {}
 };
 
 }  // namespace kit

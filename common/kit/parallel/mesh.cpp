@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "kit/check/observe.h"  // the mesh in the run trace
 #include "kit/runtime/env.h"  // read_rank_env: ranks per node
 
 namespace kit {
@@ -174,13 +175,31 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
       auto g = world->new_group(ranks, site);
       if (g->is_member()) groups_.emplace_back(canonical(dims), g);
     }
+  // Each rank alone: one group per rank, made by every rank in rank order (a non-member's call
+  // only counts it), so that "alone" is a group of one like the others, with its own name.
+  for (int r = 0; r < world->size(); ++r) {
+    auto g = world->new_group({r}, site);
+    if (g->is_member()) alone_ = g;
+  }
+  world_ = world;
+  std::string coords, members;
+  for (const char* d : {"tp", "cp", "dp"})
+    coords += std::string(d) + "=" + std::to_string(layout_.coord(rank_, d)) + "/" +
+              std::to_string(layout_.size(d)) + " ";
+  for (const auto& [dims, g] : groups_) {
+    std::string list;
+    for (int r : g->ranks()) list += (list.empty() ? "" : ",") + std::to_string(r);
+    members += std::string(members.empty() ? "" : " ") + "group_" + dims + "=" + list;
+  }
+  observe::mesh(rank_, coords + "order=" + layout_.order(), members);
 }
 
 ProcessGroup& Mesh::group(const std::string& dims) const {
   const std::string key = canonical(dims);
   for (auto& [name, g] : groups_)
     if (name == key) return *g;
-  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp)");
+  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp; "
+                              "alone() for this rank only)");
 }
 
 std::string Mesh::describe() const {

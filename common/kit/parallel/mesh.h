@@ -22,7 +22,9 @@
 //   dp()    the ranks that see other data and hold the same slice of the model;
 //   dp_cp() dp and cp together: the ranks that hold the same weights (cp splits the sequence, not
 //           the weights), so DDP averages the gradients and the loss is averaged over them;
-//   tp_cp() tp and cp together, the model-parallel group: the ranks that see the same data.
+//   tp_cp() tp and cp together, the model-parallel group: the ranks that see the same data;
+//   alone() this rank only: a layer split over it is whole (exercise 04's TODOs start from it),
+//           and every operator of kit/parallel/mappings.h on it sends nothing.
 // Each is a kit::new_group (kit/runtime/process_group.h) of the world, made for every rank in the
 // same order at construction (every rank must construct the Mesh, with the same options): pass them
 // to any collective, DDP's Options::group, the layers of kit/parallel/layers.h. The trace names
@@ -111,6 +113,8 @@ class Mesh {
   ProcessGroup& dp() const { return group("dp"); }
   ProcessGroup& dp_cp() const { return group("dp-cp"); }
   ProcessGroup& tp_cp() const { return group("tp-cp"); }
+  ProcessGroup& alone() const { return *alone_; }
+  ProcessGroup& world() const { return *world_; }  // the group the mesh splits
   // This rank's group along `dims`, one of those above (any order of the names: "cp-dp" too).
   ProcessGroup& group(const std::string& dims) const;
 
@@ -121,6 +125,7 @@ class Mesh {
   MeshLayout layout_;
   int rank_;
   std::vector<std::pair<std::string, std::shared_ptr<ProcessGroup>>> groups_;  // this rank's
+  std::shared_ptr<ProcessGroup> world_, alone_;
 };
 
 }  // namespace kit

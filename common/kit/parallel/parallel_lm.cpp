@@ -38,13 +38,20 @@ void copy(torch::Tensor& to, const torch::Tensor& from) {
 // --- ParallelBlock -------------------------------------------------------------------------------
 
 ParallelBlockImpl::ParallelBlockImpl(const torch::nn::TransformerEncoderLayer& full, const Mesh& mesh,
-                                     RandomStreams& streams, CallSite site)
+                                     RandomStreams& streams, CallSite site,
+                                     const ParallelLMOptions& parallel)
     : streams_(streams), dropout_(full->options.dropout()) {
   TORCH_CHECK(std::holds_alternative<torch::enumtype::kReLU>(full->options.activation()),
               "ParallelBlock: the encoder layers use ReLU");
-  attention = register_module("attention", ParallelAttention(full->self_attn, mesh, streams, site));
-  mlp = register_module("mlp", ParallelMLP(full->linear1, full->linear2, mesh.tp(), streams,
-                                           full->options.dropout(), site));
+  const double p = full->options.dropout();
+  attention = register_module(
+      "attention", parallel.attention
+                       ? ParallelAttention(parallel.attention(full->self_attn),
+                                           full->self_attn->options.num_heads(), p, mesh, streams)
+                       : ParallelAttention(full->self_attn, mesh, streams, site));
+  mlp = register_module("mlp", parallel.mlp
+                                   ? ParallelMLP(parallel.mlp(full->linear1, full->linear2), streams, p)
+                                   : ParallelMLP(full->linear1, full->linear2, mesh.tp(), streams, p, site));
   norm1 = register_module("norm1", torch::nn::LayerNorm(full->norm1->options));
   norm2 = register_module("norm2", torch::nn::LayerNorm(full->norm2->options));
   load_full(full);
@@ -102,7 +109,7 @@ ParallelTransformerLMImpl::ParallelTransformerLMImpl(const TransformerLMOptions&
     // torch's TransformerEncoder clones the layer for each of its layers: a clone draws fresh
     // weights (reset()) and then takes the layer's values, so every layer starts alike.
     (void)layer->clone();
-    blocks->push_back(ParallelBlock(layer, mesh, *streams_, site));
+    blocks->push_back(ParallelBlock(layer, mesh, *streams_, site, parallel));
   }
   layer = nullptr;  // the one whole layer goes
   head = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
@@ -137,7 +144,8 @@ torch::Tensor ParallelTransformerLMImpl::forward(const torch::Tensor& tokens) {
   refuse_unless(seq <= options_.max_len,
                 "ParallelTransformerLM: a sequence of " + std::to_string(seq) + " (" +
                     std::to_string(local) + " on each of cp = " + std::to_string(cp) +
-                    " ranks) is longer than max_len " + std::to_string(options_.max_len),
+                    " ranks) is longer than max_len " + std::to_string(options_.max_len) +
+                    (cp > 1 ? ": give the model this rank's part of each sequence (kit::cp_shard)" : ""),
                 site_);
   const auto device = positions_.device();
   // Where this rank's tokens sit in their sequences, and every key's position in the order the

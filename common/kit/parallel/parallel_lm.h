@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,14 +69,22 @@ class Mesh;
 struct ParallelLMOptions {
   uint64_t seed = 0;  // the weights of TransformerLM made after torch::manual_seed(seed); dropout's streams
   CpSplit cp_split = CpSplit::contiguous;
+  // How each block's attention and MLP are split: from the tp = 1 layer (its weights), the column-
+  // and the row-parallel layer that make it (kit/parallel/layers.h, ColumnRow). Unset: over
+  // mesh.tp(), Megatron's split. Exercise 04's trainer sets both (its TODOs); on mesh.alone() a
+  // block part is whole on every rank. Called once per block, inside the constructor.
+  std::function<ColumnRow(const torch::nn::MultiheadAttention& full)> attention;
+  std::function<ColumnRow(const torch::nn::Linear& linear1, const torch::nn::Linear& linear2)> mlp;
 };
 
 // x = norm1(x + dropout(attention(x))); x = norm2(x + dropout(mlp(x))): torch's post-norm
 // TransformerEncoderLayer, made from one (its weights sliced), with its attention and MLP split.
 class ParallelBlockImpl : public torch::nn::Module {
  public:
+  // parallel: its attention and mlp functions, when set, make the block's two parts.
   ParallelBlockImpl(const torch::nn::TransformerEncoderLayer& full, const Mesh& mesh,
-                    RandomStreams& streams, CallSite site = {});
+                    RandomStreams& streams, CallSite site = {},
+                    const ParallelLMOptions& parallel = {});
   // x [batch, seq / cp, d], replicated over tp; mask: ParallelAttention's.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
   void load_full(const torch::nn::TransformerEncoderLayer& full);
@@ -92,8 +101,8 @@ class ParallelBlock : public torch::nn::ModuleHolder<ParallelBlockImpl> {
  public:
   KIT_MODULE_HOLDER(ParallelBlock)  // kit/parallel/layers.h
   ParallelBlock(const torch::nn::TransformerEncoderLayer& full, const Mesh& mesh,
-                RandomStreams& streams, CallSite site = {})
-      : ModuleHolder(std::make_shared<Impl>(full, mesh, streams, site)) {}
+                RandomStreams& streams, CallSite site = {}, const ParallelLMOptions& parallel = {})
+      : ModuleHolder(std::make_shared<Impl>(full, mesh, streams, site, parallel)) {}
 };
 
 class ParallelTransformerLMImpl : public torch::nn::Module {
@@ -125,6 +134,8 @@ class ParallelTransformerLMImpl : public torch::nn::Module {
 
   using torch::nn::Module::to;
   void to(torch::Device device, bool non_blocking = false) override;  // and the streams
+
+  const Mesh& mesh() const { return mesh_; }
 
   torch::nn::Embedding embed{nullptr};
   torch::nn::ModuleList blocks{nullptr};

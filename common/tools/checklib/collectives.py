@@ -26,14 +26,56 @@ def describe(call):
     return f"{call.get('kind')} #{call.get('seq')} ({call.get('site')}){tensor}"
 
 
+def group_members(name, ranks):
+    """The world ranks of a group as the trace names it: "world", or its ranks ("0,2")."""
+    if name in (None, "", "world"):
+        return list(range(ranks))
+    return [int(r) for r in name.split(",") if r.isdigit()]
+
+
 def first_divergence(run, ranks, reference=None):
     """(position, text, site) of the first collective the ranks do not agree on, or None.
     site ("train.cpp:74") is the call to blame: the one the solution's run also makes there.
     A rank whose calls simply stop counts only when the run hung on a collective: a rank that
-    crashed stops calling too, and that is not a collective's fault."""
-    seqs = [calls(run, r) for r in range(ranks)]
+    crashed stops calling too, and that is not a collective's fault.
+
+    Ranks meet by position within a group: where a run uses subgroups (a tp group, a dp group:
+    the trace's group=), each group's members are compared on that group's collectives only, since
+    the ranks of other groups rightly make other calls there (first_divergence_per_group)."""
+    if any(c.get("group", "world") != "world" for r in range(ranks) for c in calls(run, r)):
+        return first_divergence_per_group(run, ranks, reference)
+    return first_divergence_in(run, [calls(run, r) for r in range(ranks)], ranks, reference)
+
+
+def first_divergence_per_group(run, ranks, reference):
+    """first_divergence for a run with subgroups: every group the trace names, its members'
+    calls on it; of the groups that part, the one whose parting call comes first among the first
+    member's collectives. The text names the group."""
+    names = {c.get("group", "world") for r in range(ranks) for c in calls(run, r)}
+    found = []
+    for name in sorted(names):
+        members = [r for r in group_members(name, ranks) if r < ranks]
+        on = {r: [c for c in calls(run, r) if c.get("group", "world") == name] for r in members}
+        ref = None
+        if reference is not None and reference.ranks and members and members[0] < reference.ranks:
+            ref = [c for c in calls(reference, members[0]) if c.get("group", "world") == name]
+        d = first_divergence_in(run, [on[r] for r in members], len(members), None, ref,
+                                labels=members)
+        if d is not None:
+            mine = calls(run, members[0])
+            at = [k for k, c in enumerate(mine) if c.get("group", "world") == name]
+            when = at[d[0] - 1] if d[0] - 1 < len(at) else len(mine)
+            found.append((when, (d[0], f"{d[1]} (on group {name})", d[2])))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def first_divergence_in(run, seqs, ranks, reference=None, ref=None, labels=None):
+    """The comparison of first_divergence over `seqs`, one list of calls per rank (labels: the
+    ranks' world numbers, when the lists are a group's members')."""
+    labels = labels or list(range(ranks))
     hung = "timed out" in (run.failure() or "")
-    ref = calls(reference, 0) if reference is not None and reference.ranks else []
+    if ref is None:
+        ref = calls(reference, 0) if reference is not None and reference.ranks else []
     longest = max((len(s) for s in seqs), default=0)
     for i in range(longest):
         here = [s[i] if i < len(s) else None for s in seqs]
@@ -51,10 +93,10 @@ def first_divergence(run, ranks, reference=None):
         parts = []
         for r, c in enumerate(here):
             if c is None:
-                parts.append(f"rank {r} never did")
+                parts.append(f"rank {labels[r]} never did")
             elif key(c) != key(blame):
-                parts.append(f"rank {r} entered {describe(c)} instead")
-        who = ", ".join(str(r) for r, c in made if key(c) == key(blame))
+                parts.append(f"rank {labels[r]} entered {describe(c)} instead")
+        who = ", ".join(str(labels[r]) for r, c in made if key(c) == key(blame))
         text = f"rank{'s' if ',' in who else ''} {who} entered {describe(blame)}; " + "; ".join(parts)
         return i + 1, text, blame.get("site", "")
     return None

@@ -13,6 +13,7 @@ passed silently.
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -147,6 +148,43 @@ def judge_nodes(written, want):
             f"ask for {want} (#SBATCH --nodes)"]
 
 
+MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of (\d+), dp (\d+) of "
+                       r"(\d+) \(order ([a-z-]+)\)\s*$", re.M)
+
+
+def judge_tp(jobs):
+    """Exercise 04's job TODO: --tp is the GPUs (tasks) of a node, so that each tp group is one
+    node's ranks. From each rank's mesh line ("rank R of W: tp a of T, ...", kit::Mesh::describe)
+    and the node Slurm started that rank on: the tp groups' members (same cp and dp coordinates)
+    must each sit on one node, and a tp group must fill its node (T = the job's GPUs per node)."""
+    why = []
+    for job in jobs:
+        if job.state != "COMPLETED":
+            if "kit::Mesh" in job.err:  # the mesh refused the flags (a tp group across nodes)
+                why.append(f"{job.label()}: {job.why_failed()}")
+            continue  # else judge_all says why
+        node = {int(t.get("SLURM_PROCID", -1)): t.get("SLURMD_NODENAME", "?") for t in job.tasks}
+        lines = {int(m.group(1)): m.groups() for m in MESH_LINE.finditer(job.out)}
+        if not lines:
+            why.append(f"{job.label()}: no rank printed its mesh line (\"rank R of W: tp a of T, "
+                       "...\")")
+            continue
+        tp = int(next(iter(lines.values()))[3])
+        groups = {}
+        for r, g in lines.items():
+            groups.setdefault((g[4], g[6]), []).append(r)
+        spans = [sorted(m) for m in groups.values() if len({node.get(r) for r in m}) > 1]
+        if spans:
+            m = spans[0]
+            why.append(f"{job.label()}: the tp group of ranks {', '.join(map(str, m))} spans the "
+                       f"nodes {', '.join(sorted({node.get(r, '?') for r in m}))}: every "
+                       "all-reduce of a layer would cross the network")
+        elif tp != job.gpus:
+            why.append(f"{job.label()}: --tp {tp} with {job.gpus} GPU(s) per node: a tp group "
+                       f"is a node's ranks, --tp \"$KIT_TASKS_PER_NODE\" ({job.gpus} here)")
+    return why
+
+
 def judge_all(jobs):
     why = []
     for job in jobs:
@@ -164,6 +202,13 @@ def judge(labels, written, reshaped, node_gpus, node_source="", again=""):
     v = Verdicts(labels)
     jobs = [j for j in (written, reshaped) if j is not None]
     one = reshaped is None
+    if "tp" in labels:  # exercise 04: the rest of its job script is ready-made, not its TODOs
+        v.add("tp", not (why := judge_tp(jobs)), "--tp is the GPUs of a node: each tp group is "
+              "one node's ranks", "; ".join(why))
+        v.add("all", not (why := judge_all(jobs)),
+              "the job completes and prints the final test loss" if one else
+              "both jobs complete and print the final test loss", "; ".join(why))
+        return v
     v.add("gpus", not (why := judge_gpus(written, reshaped, node_gpus, node_source)),
           "the job requests every GPU of a node and makes the job's GPUs visible", "; ".join(why))
     if one:
