@@ -553,7 +553,8 @@ TEST(ParallelLMParts, BadShapesAreOneLineNamingTheCaller) {
     ADD_FAILURE() << "a sequence longer than max_len ran";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()), "ParallelTransformerLM: a sequence of 10 (5 on each of cp = 2 ranks) is "
-                                     "longer than max_len 8 (parallel_test.cpp:" + std::to_string(line) + ")");
+                                     "longer than max_len 8: give the model this rank's part of each "
+                                     "sequence (kit::cp_shard) (parallel_test.cpp:" + std::to_string(line) + ")");
   }
 }
 
