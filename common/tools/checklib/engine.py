@@ -82,11 +82,13 @@ def generated_data(directory, command, marker):
     return directory
 
 
-def reference_run(check, directory, data, name="", flags=None, env=None):
-    """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`).
-    With --reference-dir it is made once and reused while the solution binary and the flags stay
-    the same (a lock keeps parallel checks from racing)."""
-    rules, solution, ranks = check.rules, check.args.solution, check.ranks
+def reference_run(check, directory, data, name="", flags=None, env=None, ranks=None):
+    """The solution's run (with the rules' RUN_FLAGS, or with `flags` as the run called `name`),
+    on check.ranks ranks unless `ranks` says otherwise. With --reference-dir it is made once and
+    reused while the solution binary and the flags stay the same (a lock keeps parallel checks
+    from racing)."""
+    rules, solution = check.rules, check.args.solution
+    ranks = ranks or check.ranks
     flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
     made_by = read(os.path.join(data, ".made-by.json")) if data else None  # generated_data()

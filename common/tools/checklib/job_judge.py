@@ -148,6 +148,7 @@ def judge_nodes(written, want):
             f"ask for {want} (#SBATCH --nodes)"]
 
 
+# A rank's line of kit::Mesh::describe(), which exercise 04 prints (rules/ex04.py reads it too).
 MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of (\d+), dp (\d+) of "
                        r"(\d+) \(order ([a-z-]+)\)\s*$", re.M)
 

@@ -44,6 +44,14 @@ LABELS = {"include": "1", "setup": "2-3", "sampler": "4", "loader-train": "5",
           "all_reduce": "10", "print0": "11", "save0": "12", "destroy": "13"}
 
 
+def losses(run):
+    """Rank 0's printed losses, in order: each epoch's train and validation loss, then the test
+    loss (exercises 03 and 04 compare whole runs by them)."""
+    log = run.logs.get(0, "")
+    out = [float(x) for m in LOSS_LINE.finditer(log) for x in m.groups()]
+    return out + [float(m.group(1)) for m in TEST_LINE.finditer(log)]
+
+
 def data_key():
     return CORPUS_FLAGS
 

@@ -40,12 +40,14 @@ A TODO passes when, in each run where it matters:
   9  the process group is closed at the end (exercise 01's judge, on the engine's run).
 A run that stops in a line of a TODO (a library error ends with the trainer's line) is that
 TODO's \u2718."""
+import contextlib
+import functools
 import math
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from checklib import archive, compare, engine, judges, stops
+from checklib import archive, collectives, compare, engine, job_judge, judges, stops
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -85,8 +87,7 @@ PLACES = {"init": ("kit::ParallelTransformerLM model(", "the line that creates t
           "update": ("torch::optim::AdamW optimizer(", "the line that creates the optimizer"),
           "checkpoint": ("checkpoints.save_sharded(", "the checkpoints' save"),
           "final": ("evaluate(model, test_loader", "the final evaluation")}
-MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of (\d+), dp (\d+) of "
-                       r"(\d+) \(order ([a-z-]+)\)\s*$", re.M)
+MESH_LINE = job_judge.MESH_LINE  # "rank R of W: tp a of T, cp b of C, dp c of D (order O)"
 HELD = re.compile(r"^rank (\d+) holds (\d+) parameters: attention (\d+), mlp (\d+), the rest "
                   r"(\d+)\s*$", re.M)
 
@@ -132,9 +133,8 @@ def layout_of(name):
 
 
 def members_of(group, ranks):
-    if group in (None, "", "world"):
-        return list(range(ranks))
-    return sorted(int(r) for r in group.split(",") if r.isdigit())
+    """The world ranks of a group as the trace names it ("world", or "0,2"), in order."""
+    return sorted(collectives.group_members(group, ranks))
 
 
 def show(ranks):
@@ -156,12 +156,7 @@ def reference(check, name, ranks):
     once per solution binary, flags and data in --reference-dir (engine.reference_run's key),
     else in this check's folder."""
     base = check.args.reference_dir or check.workdir
-    saved = check.ranks
-    check.ranks = ranks  # reference_run runs on check.ranks
-    try:
-        return engine.reference_run(check, base, check.data, name, RUN_FLAGS)
-    finally:
-        check.ranks = saved
+    return engine.reference_run(check, base, check.data, name, RUN_FLAGS, ranks=ranks)
 
 
 def launch_all(check):
@@ -174,10 +169,8 @@ def launch_all(check):
                 for name, (ranks, _) in MESHES.items()}
         mine["stop"] = pool.submit(check.launch, a.binary, "stop", 2, "node", check.data,
                                    flags_of("tp2"), stopped_env(check))
-        if a.reference_dir:
-            with Locked(a.reference_dir):
-                refs = {"ref1": reference(check, "tp1", 1), "ref2": reference(check, "dp2", 2)}
-        else:
+        # One solution run at a time per flag set, shared between checks (--reference-dir).
+        with Locked(a.reference_dir) if a.reference_dir else contextlib.nullcontext():
             refs = {"ref1": reference(check, "tp1", 1), "ref2": reference(check, "dp2", 2)}
         out = {name: f.result() for name, f in mine.items()}
     out.update(refs)
@@ -191,19 +184,8 @@ def resume(check, first):
 
 
 # --- reading them ------------------------------------------------------------------------------
-def losses(run):
-    """Rank 0's printed losses: each epoch's train and validation loss, then the test loss."""
-    log = run.logs.get(0, "")
-    out = [float(x) for m in ex01.LOSS_LINE.finditer(log) for x in m.groups()]
-    return out + [float(m.group(1)) for m in ex01.TEST_LINE.finditer(log)]
-
-
 def step_losses(run, rank):
     return [float(kv(f)["loss"]) for f in run.events(rank, "step") if "loss" in kv(f)]
-
-
-def calls(run, rank):
-    return [kv(f) for f in run.events(rank, "coll")]
 
 
 class Judge:
@@ -211,6 +193,7 @@ class Judge:
 
     def __init__(self, check):
         self.check, self.v = check, check.verdicts
+        self.stops = {}  # run folder -> stop(): several judgments ask about one failed run
 
     def todo_of(self, site):
         c = self.check
@@ -218,6 +201,11 @@ class Judge:
 
     def stop(self, run):
         """(todo, text) of a run that failed: the TODO whose line it stopped in, or None."""
+        if run.dir not in self.stops:
+            self.stops[run.dir] = self.explain(run)
+        return self.stops[run.dir]
+
+    def explain(self, run):
         c = self.check
         s = stops.explain(run, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)
         # Only a line the error names is the TODO's: a rank's last collective before a crash
@@ -384,7 +372,13 @@ def slice_of(name, full, tp, t):
 
 def first_backward(run, rank):
     """{name: (weight, gradient)} that `rank` traced after its first backward, or None."""
-    trace = os.path.join(run.dir, "trace")
+    return first_backward_in(os.path.join(run.dir, "trace"), rank)
+
+
+@functools.lru_cache(maxsize=None)
+def first_backward_in(trace, rank):
+    """first_backward's reading, once per file: the MLP's judgment and attention's read the same
+    files, and a reference rank's file serves every rank of its dp replica."""
     try:
         with open(os.path.join(trace, f"first-backward-rank{rank}.names")) as f:
             names = f.read().split()
@@ -427,7 +421,7 @@ def judge_split(e, run, traced, part, j):
                    f"group ({tp} ranks) it holds {want}")
             return
         tp_group, cp_group = traced.members(r, ("tp",)), traced.members(r, ("cp",))
-        for c in calls(run, r):
+        for c in collectives.calls(run, r):
             if j.todo_of(c.get("site", "")) != j.v.todo(part):
                 continue
             on = members_of(c.get("group"), run.ranks)
@@ -474,7 +468,7 @@ def judge_group(e, run, traced, concept, pick, need):
     made = False
     for r in range(run.ranks):
         want = traced.members(r, ("dp", "cp"))
-        for c in calls(run, r):
+        for c in collectives.calls(run, r):
             if not pick(c):
                 continue
             on = members_of(c.get("group"), run.ranks)
@@ -501,7 +495,7 @@ def judge_cp_inputs(e, run, traced):
     seen = 0
     for r in range(run.ranks):
         cp_group = traced.members(r, ("cp",))
-        for c in calls(run, r):
+        for c in collectives.calls(run, r):
             if c.get("kind") != "all_gather" or members_of(c.get("group"), run.ranks) != cp_group \
                     or len(cp_group) < 2:
                 continue
@@ -586,7 +580,7 @@ def numbers_wrong(run, traced, ref, part):
 
 
 def losses_wrong(run, ref):
-    mine, theirs = losses(run), losses(ref)
+    mine, theirs = ex01.losses(run), ex01.losses(ref)
     if len(mine) != len(theirs):
         return (f"rank 0 printed {len(mine)} of the {len(theirs)} losses (each epoch's train and "
                 "validation loss, the test loss)")
