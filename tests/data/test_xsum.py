@@ -210,6 +210,7 @@ def reader_part(tool, reader, work):
     check(same_text, "the reader's text is sentencepiece's decode_ids")
     # Control and unknown ids: <s> <unk> pieces </s>, as sentencepiece decodes them.
     copy = os.path.join(work, "special")
+    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(data, copy)
     with h5py.File(os.path.join(copy, "xsum.h5"), "r+") as f:
         t = f["validation/summary_tokens"]
