@@ -248,13 +248,15 @@ def read_raw(path, command):
     if not os.path.isfile(path):
         raise Refused(f"no {path}: run {command} first (the raw format: common/data/XSUM.md)")
     ids, documents, summaries, skipped = [], [], [], []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes, decoded line by line: an error names its line
         for n, line in enumerate(f, 1):
             try:
-                e = json.loads(line)
+                e = json.loads(line.decode("utf-8"))
                 ident, document, summary = str(e["id"]), e["document"], e["summary"]
                 if not isinstance(document, str) or not isinstance(summary, str):
                     raise TypeError
+            except UnicodeDecodeError:
+                raise Refused(f"{path}:{n}: not UTF-8 text (a damaged file)") from None
             except (ValueError, KeyError, TypeError):
                 raise Refused(f"{path}:{n}: not a JSON object with strings id, document, summary "
                               "(a damaged file: download or generate it again)") from None
@@ -302,20 +304,36 @@ def prepare(args):
     _, documents, summaries, _ = data["train"]
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(documents + summaries), model_writer=model,
-        vocab_size=args.vocab_size, hard_vocab_limit=False, model_type="unigram", character_coverage=0.9995,
-        pad_id=0, unk_id=1, bos_id=2, eos_id=3, input_sentence_size=args.input_sentences,
+        vocab_size=args.vocab_size, hard_vocab_limit=False, model_type="unigram",
+        character_coverage=0.9995, pad_id=0, unk_id=1, bos_id=2, eos_id=3, input_sentence_size=args.input_sentences,
         shuffle_input_sentence=True, max_sentence_length=1 << 16, num_threads=args.threads,
         minloglevel=2)
     model_bytes = model.getvalue()
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+
+    final = os.path.join(args.dir, "xsum.h5")
+    part = os.path.join(args.dir, ".xsum.h5.part")
+    try:
+        write(h5py, np, sp, data, model_bytes, part, args)
+    except BaseException:
+        if os.path.exists(part):
+            os.remove(part)
+        raise
+    with open(os.path.join(args.dir, "xsum.model"), "wb") as m:
+        m.write(model_bytes)
+    os.replace(part, final)  # the job never sees a half-written file under the final name
+    print(f"{PROG}: {final} written (vocabulary {sp.get_piece_size()}, tokenizer "
+          f"{args.dir}/xsum.model, SHA-256 {hashlib.sha256(model_bytes).hexdigest()[:16]}...)",
+          flush=True)
+
+
+def write(h5py, np, sp, data, model_bytes, part, args):
+    """The HDF5 file of common/data/XSUM.md, at `part`."""
     vocab = sp.get_piece_size()
     pieces = [sp.id_to_piece(i).encode("utf-8") for i in range(vocab)]
     # 0 normal, 1 unknown, 2 control (<pad>, <s>, </s>: no text), 3 unused, 4 byte
     kinds = [1 if sp.is_unknown(i) else 2 if sp.is_control(i) else 3 if sp.is_unused(i)
              else 4 if sp.is_byte(i) else 0 for i in range(vocab)]
-
-    final = os.path.join(args.dir, "xsum.h5")
-    part = os.path.join(args.dir, ".xsum.h5.part")
     with h5py.File(part, "w") as f:
         f.attrs["format"] = np.bytes_("kit-xsum")
         f.attrs["format_version"] = np.int64(FORMAT_VERSION)
@@ -348,11 +366,6 @@ def prepare(args):
                   + (f"; {len(skipped)} skipped (empty document or summary: "
                      f"{', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})"
                      if skipped else ""), flush=True)
-    with open(os.path.join(args.dir, "xsum.model"), "wb") as m:
-        m.write(model_bytes)
-    os.replace(part, final)  # the job never sees a half-written file under the final name
-    print(f"{PROG}: {final} written (vocabulary {vocab}, tokenizer {args.dir}/xsum.model, "
-          f"SHA-256 {hashlib.sha256(model_bytes).hexdigest()[:16]}...)", flush=True)
 
 
 def main():
@@ -381,8 +394,8 @@ def main():
     except Refused as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         sys.exit(1)
-    except RuntimeError as e:  # sentencepiece's trainer, e.g. a vocabulary too large for the text
-        print(f"{PROG}: {str(e).splitlines()[0] if str(e) else e}", file=sys.stderr)
+    except (RuntimeError, OSError) as e:  # sentencepiece's trainer, a full disk, no permission
+        print(f"{PROG}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         sys.exit(1)
 
 

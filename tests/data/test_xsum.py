@@ -20,8 +20,9 @@
              SHA-256 refused in one line and removed
   badinput   the reader on a missing file (naming ./kit data xsum), a partial file, offsets that
              do not add up, another format version, another tokenizer (file or vocabulary size),
-             an empty summary, an id outside the vocabulary; prepare on a damaged raw line and on
-             a missing raw folder: each one line on stderr, exit 1, and no file changed
+             an empty summary, an id outside the vocabulary; prepare on a damaged raw line, a raw
+             file that is not UTF-8 and a missing raw folder: each one line on stderr, exit 1,
+             and no file changed
 
 usage: test_xsum.py PART XSUM_DATA_PY XSUM_READ WORKDIR
 """
@@ -379,6 +380,14 @@ def badinput(tool, reader, work):
     r = run([sys.executable, tool, "prepare", data, "--vocab-size", "400"])
     one_line_error(r, "prepare on a damaged raw line", "test.jsonl:41: not a JSON object")
     check(digest(os.path.join(data, "xsum.h5")) == before, "prepare refused: xsum.h5 unchanged")
+    with open(os.path.join(data, "raw", "test.jsonl"), "rb") as f:
+        good = b"".join(f.readlines()[:40])
+    with open(os.path.join(data, "raw", "test.jsonl"), "wb") as f:  # line 41 in Latin-1
+        f.write(good + b'{"id": "y", "document": "caf\xe9", "summary": "s"}\n')
+    r = run([sys.executable, tool, "prepare", data, "--vocab-size", "400"])
+    one_line_error(r, "prepare on a raw file that is not UTF-8", "test.jsonl:41: not UTF-8")
+    check(digest(os.path.join(data, "xsum.h5")) == before and
+          not [n for n in os.listdir(data) if n.endswith(".part")], "xsum.h5 unchanged, no .part")
     r = run([sys.executable, tool, "prepare", empty])
     one_line_error(r, "prepare without raw/", "./kit data xsum download")
 
