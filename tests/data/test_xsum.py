@@ -12,7 +12,7 @@
              twice (deterministic)
   reader     xsum_read (the C++ reader): ids equal to the file's, text equal to sentencepiece's
              decode (control and unknown ids included); documents longer than the limit cut to
-             it and counted as numpy counts them
+             it and counted as numpy counts them; each read in the trace (KIT_TRACE_DIR)
   download   without network (every host behind a dead proxy): one line on stderr, exit 1,
              nothing written, also through `./kit data xsum download`; from a local mirror
              (XSUM_URL): both files SHA-256 checked, the archive turned into raw/*.jsonl as the
@@ -224,6 +224,14 @@ def reader_part(tool, reader, work):
     got = r.stdout.splitlines()[1 + i].split("\t")[4]
     check(got == sp.decode(ids.tolist()) and "\u2047" in got,
           f"<s>, <unk> and </s> decode as sentencepiece's: {got!r} vs {sp.decode(ids.tolist())!r}")
+    # Every read is told to the checker's seam: one "sample" line per example of the trace.
+    trace = os.path.join(work, "trace")
+    shutil.rmtree(trace, ignore_errors=True)
+    os.makedirs(trace)
+    run([reader, data, "test", "--decode", "5"], {"KIT_TRACE_DIR": trace})
+    lines = [line for name in os.listdir(trace) for line in open(os.path.join(trace, name))]
+    check([line.split()[:3] for line in lines if line.startswith("sample ")] ==
+          [["sample", "test", f"index={i}"] for i in range(5)], "the trace has a sample line per read")
     r = run([reader, data, "train", "--max-document-len", "0", "--vocab-size", "0", "--decode", "2"])
     check(r.returncode == 0 and "0 documents truncated to no limit" in r.stdout and
           len(r.stdout.splitlines()) == 3, f"no limit, the first 2 examples: {r.stdout[:80]!r}")

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,7 +13,9 @@
 #include <stdexcept>
 #include <utility>
 
-#include "kit/data/hdf5_handles.h"  // hdf5_lock(), Hid
+#include "kit/check/observe.h"        // the examples read, and on which thread
+#include "kit/data/hdf5_handles.h"    // hdf5_lock(), Hid
+#include "kit/data/loader_workers.h"  // loader_worker(): which worker thread reads
 
 namespace kit {
 namespace {
@@ -267,6 +270,8 @@ XsumDataset::XsumDataset(const std::string& path, const std::string& split, Xsum
 }
 
 XsumExample XsumDataset::get(size_t index) const {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
   if (index >= size())
     throw std::out_of_range("xsum: example " + std::to_string(index) + " of " +
                             std::to_string(size()) + " (" + split_ + ")");
@@ -295,8 +300,13 @@ XsumExample XsumDataset::get(size_t index) const {
            " pieces (a damaged file)");
     return ids;
   };
-  return {read(open_->documents.id, document_offsets_, options_.max_document_len, "document"),
-          read(open_->summaries.id, summary_offsets_, options_.max_summary_len, "summary")};
+  XsumExample e{read(open_->documents.id, document_offsets_, options_.max_document_len, "document"),
+                read(open_->summaries.id, summary_offsets_, options_.max_summary_len, "summary")};
+  const auto ns = [](clock::time_point p) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count();
+  };
+  observe::sample(split_, index, loader_worker(), ns(start), ns(clock::now()));
+  return e;
 }
 
 namespace {

@@ -85,7 +85,8 @@ class XsumDataset {
 
   size_t size() const { return document_lengths_.size(); }
   // Example i, truncated to the options' lengths; an id outside the vocabulary is a DataError
-  // naming the example (a damaged file). std::out_of_range for i >= size().
+  // naming the example (a damaged file). std::out_of_range for i >= size(). Each read is told to
+  // the checker's seam (kit/check/observe.h), as Era5Dataset's: which example, which thread.
   XsumExample get(size_t index) const;
   // Each example's lengths after truncation (int64 [size()]): for batching by length.
   torch::Tensor document_lengths() const;
