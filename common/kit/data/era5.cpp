@@ -16,18 +16,13 @@
 #include <utility>
 
 #include "kit/check/observe.h"         // the samples read, and on which thread
+#include "kit/data/hdf5_handles.h"     // hdf5_lock(), Hid (shared with the XSum reader)
 #include "kit/data/loader_workers.h"   // loader_worker(): which worker thread reads
 
 namespace kit {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Every HDF5 call of the kit runs under this lock (era5.h says why).
-std::mutex& hdf5_lock() {
-  static std::mutex m;
-  return m;
-}
 
 [[noreturn]] void fail(const std::string& what) { throw DataError("era5: " + what); }
 
@@ -77,18 +72,6 @@ std::vector<double> read_npy(const std::string& path) {
   if (!in) fail(path + " is shorter than its header says (" + std::to_string(count) + " values)");
   return values;
 }
-
-struct Hid {  // closes an HDF5 handle with the given function
-  hid_t id = -1;
-  herr_t (*close)(hid_t) = nullptr;
-  Hid(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  Hid(Hid&& o) noexcept : id(std::exchange(o.id, -1)), close(o.close) {}
-  ~Hid() {
-    if (id >= 0) close(id);
-  }
-};
 
 }  // namespace
 
