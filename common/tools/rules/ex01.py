@@ -16,6 +16,11 @@ EPOCHS = 2
 # The run with one rank per node only has to show where each rank puts its model.
 NODES_FLAGS = list(RUN_FLAGS) + ["--max-steps", "2"]
 NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
+# A whole 2-rank run of these flags takes under 2 s, even on a busy machine (1.3-1.9 s measured
+# at a load average of 4 on 2 cores, 2026-11-27): a rank that waits 12 s in a collective or the
+# rendezvous waits for a rank that never comes (an all-reduce only rank 0 calls). Shorter than the
+# engine's 30 s, as exercises 03 and 04 have it, so that the check of such a hang is quick.
+RUN_ENV = {"KIT_TIMEOUT": "12"}
 # Validation and test: 79 and 73 windows, odd, so that a padding sampler shows on 2 ranks.
 CORPUS_FLAGS = ["--train-tokens", "4000", "--valid-tokens", "1310", "--test-tokens", "1190",
                 "--seed", "3"]
