@@ -15,8 +15,8 @@
 //
 // Like NLTK's stem(), the word is lower-cased first (ASCII letters) and words of one or two
 // letters are returned as they are. Words are ASCII: the ROUGE tokenizer only hands on [a-z0-9]+.
-// A byte outside ASCII counts as one consonant here, where NLTK would count a whole non-ASCII
-// letter as one; that is the one known difference, and no ROUGE token has such a byte.
+// A word with bytes outside ASCII may stem otherwise than in NLTK, which lower-cases non-ASCII
+// letters and counts each as one consonant where this file sees bytes; no ROUGE token has one.
 #pragma once
 
 #include <string>
