@@ -63,6 +63,9 @@ FOLDERS = {
     "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
              "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
              "counting",
+    "seq2seq": "the news summariser's (the capstone's) parts: ROUGE-1, ROUGE-2 and ROUGE-L as the "
+               "`rouge-score` package computes them, with NLTK's Porter stemmer; plain C++, no "
+               "LibTorch",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }
@@ -71,8 +74,10 @@ FOLDERS = {
 # one layer (data, models, perf) include none of the others.
 # parallel/ sits beside sharding/ (peers: neither includes the other): both split the training
 # over ranks, above ddp/ (whose DDP runs on a mesh's dp group) and below train/.
+# seq2seq/ sits beside train/: the capstone's model may be distributed every way (ddp/,
+# sharding/, parallel/), and neither it nor train/ includes the other.
 LAYERS = {"runtime": 0, "data": 1, "models": 1, "perf": 1, "ddp": 2, "sharding": 3, "parallel": 3,
-          "train": 4}
+          "train": 4, "seq2seq": 4}
 SEAM = "check/observe.h"          # includable from every folder
 SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's types
 
