@@ -45,7 +45,15 @@ std::string explain(const std::string& error, const Work::Impl& w) {
   std::string lower = error;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string who = w.who + ": " + w.what;
-  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos)
+  const bool timed_out =
+      lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+  if (timed_out && w.p2p)
+    return who + " timed out after " + std::to_string(w.timeout_s) + " s: rank " +
+           std::to_string(w.p2p->peer) + " never posted the matching " +
+           (w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send") +
+           ". Every send needs its receive on the peer, in the same order; a send without its "
+           "receive, or two blocking sends facing each other, wait forever";
+  if (timed_out)
     return who + " timed out after " + std::to_string(w.timeout_s) +
            " s: the other ranks never joined it. Usually a collective that not every rank calls "
            "(one inside `if (rank == 0)`), or ranks calling collectives in a different order: "
@@ -86,11 +94,19 @@ void check_reduce_scatter(const torch::Tensor& output, const torch::Tensor& inpu
 using detail::explain;
 
 void Work::wait() {
+  if (!impl_->parts.empty()) {  // a batch: each of its sends and receives
+    for (auto& part : impl_->parts) Work(part).wait();
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  if (impl_->p2p) detail::before_p2p_wait(*impl_);
   try {
-    impl_->work->wait();
+    // A send or receive inside an NCCL group has no Work of its own: the group's stands for it.
+    if (impl_->work) impl_->work->wait();
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *impl_));
   }
+  if (impl_->p2p) detail::after_p2p_wait(*impl_, started);
   if (impl_->flat.defined()) {
     int64_t at = 0;
     for (auto& t : impl_->tensors) {

@@ -7,7 +7,9 @@
 //                             Work::wait() with its error in words;
 //   process_group_checks.cpp  what every collective passes through first: its number, trace and
 //                             byte count, NCCL's device rule, KIT_DEBUG_COLLECTIVES's comparison;
-//   process_group_make.cpp    making a group over Gloo or NCCL with its timeout, and shutting it down.
+//   process_group_make.cpp    making a group over Gloo or NCCL with its timeout, and shutting it down;
+//   process_group_p2p.cpp     send and receive between two ranks: their numbering per peer, trace,
+//                             batches and KIT_DEBUG_COLLECTIVES's description ahead of each message.
 // kit::control, which uses only the public face, is in control.cpp.
 #pragma once
 
@@ -32,6 +34,19 @@ struct Work::Impl {
   std::string what;      // "all_reduce #3 (train.cpp:56)"
   std::string who;       // "rank 1", or "rank 3 in group 2,3" (ProcessGroup::who())
   int64_t timeout_s = 0;
+  // A batch (batch_isend_irecv on Gloo): wait() waits for each part, in order.
+  std::vector<std::shared_ptr<Work::Impl>> parts;
+  // A send or receive (process_group_p2p.cpp): what its wait() traces, and under
+  // KIT_DEBUG_COLLECTIVES the description the sender sent ahead, compared by the receiver.
+  struct P2P {
+    int kind = 0;        // ProcessGroup::P2POp::Kind
+    int peer = -1;       // the peer's world rank
+    int64_t seq = 0;     // its number for this peer and direction
+    std::string group;   // ProcessGroup::name()
+    std::shared_ptr<Work::Impl> description;  // the description's own send or receive
+    torch::Tensor theirs, mine;               // the receiver's: the sender's and its own
+  };
+  std::shared_ptr<P2P> p2p;
 };
 
 struct ProcessGroup::Impl {
@@ -57,6 +72,11 @@ namespace detail {
 std::string first_line(const std::string& what);
 // What a failed collective most likely means, in words a student can act on (process_group.cpp).
 std::string explain(const std::string& error, const Work::Impl& w);
+// A send's or receive's wait (process_group_p2p.cpp): before it, under KIT_DEBUG_COLLECTIVES, the
+// receiver compares the sender's description with its own; after it, the trace of the wait
+// (`started`: when wait() began).
+void before_p2p_wait(Work::Impl& w);
+void after_p2p_wait(Work::Impl& w, std::chrono::steady_clock::time_point started);
 }  // namespace detail
 
 }  // namespace kit
