@@ -358,14 +358,20 @@ void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp 
 }
 
 namespace {
-// A world rank's number in `g` for a send or receive: one line naming the call when it is not in it.
+// A world rank's number in `g` for a send or receive: one line naming the call when it is not in
+// it, or is this rank (said here in world ranks, as the caller gave it).
 int peer_in(ProcessGroup& g, int world_rank, const char* what, const CallSite& site) {
+  const int me = g.global_rank(g.rank());
+  const std::string call = "rank " + std::to_string(me) + ": " + what + " (" + site.str() + "): peer " +
+                           std::to_string(world_rank);
   const int peer = g.group_rank(world_rank);
   if (peer < 0)
-    throw CommError("rank " + std::to_string(g.global_rank(g.rank())) + ": " + what + " (" +
-                    site.str() + "): peer " + std::to_string(world_rank) + " is not in " +
+    throw CommError(call + " is not in " +
                     (g.name() == "world" ? "the world (ranks 0 to " + std::to_string(g.size() - 1) + ")"
                                          : "group " + g.name() + " (peers are world ranks, as torch's dst and src)"));
+  if (world_rank == me)
+    throw CommError(call + " is this rank itself: a rank cannot send to or receive from itself "
+                    "(torch.distributed refuses it too)");
   return peer;
 }
 }  // namespace

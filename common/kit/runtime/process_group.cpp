@@ -8,9 +8,11 @@
 // making and closing a group is process_group_make.cpp; the shared state, process_group_impl.h.
 #include "kit/runtime/process_group.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "kit/compat.h"
 #include "kit/runtime/process_group_impl.h"
@@ -40,6 +42,59 @@ std::string first_line(const std::string& what) {
   return what.substr(0, end);
 }
 
+// A timed-out wait's report (see process_group_impl.h). The store is the one the ranks met at;
+// each rank writes its key once (a timeout ends the rank), so any key found is current.
+std::string hang_report(const Work::Impl& w) {
+  if (!w.group || !w.group->reports || !w.group->activity) return "";
+  auto& g = *w.group;
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(g.activity->mutex);
+    mine = "was waiting in " + g.activity->waiting +
+           (g.activity->last.empty() ? "" : ", after " + g.activity->last);
+  }
+  std::vector<int> peers;
+  if (w.p2p) peers.push_back(w.p2p->peer);
+  else
+    for (int r : g.ranks)
+      if (r != g.world_rank) peers.push_back(r);
+  auto key = [](int rank) { return "kit/hang/" + std::to_string(rank); };
+  std::string out;
+  try {
+    g.reports->set(key(g.world_rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    // The peers time out at about the same time when they wait for this rank too; a peer that
+    // does not report is not waiting in a kit call.
+    const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(3));
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    std::vector<bool> heard(peers.size(), false);
+    for (size_t left = peers.size(); left > 0;) {
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (!heard[i] && g.reports->check({key(peers[i])})) {
+          const auto b = g.reports->get(key(peers[i]));
+          out += "; rank " + std::to_string(peers[i]) + " " + std::string(b.begin(), b.end());
+          g.reports->add(key(peers[i]) + "/read", 1);
+          heard[i] = true;
+          --left;
+        }
+      if (left == 0 || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // The peers that reported wait for this rank too and read its report: this rank stays until
+    // they have, since the store lives in rank 0's process and goes with it.
+    const int64_t readers = std::count(heard.begin(), heard.end(), true);
+    while (g.reports->add(key(g.world_rank) + "/read", 0) < readers &&
+           std::chrono::steady_clock::now() < deadline + grace)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (w.p2p && !heard[0])
+      out += "; rank " + std::to_string(peers[0]) + " reported nothing within " +
+             std::to_string(grace.count()) +
+             " ms more (it is not waiting in a kit call: still computing, stuck elsewhere, or gone)";
+  } catch (const std::exception&) {
+    // The store is gone with rank 0: the line goes without the others' reports.
+  }
+  return out;
+}
+
 // What a failed wait() most likely means, in words a student can act on.
 std::string explain(const std::string& error, const Work::Impl& w) {
   std::string lower = error;
@@ -50,18 +105,20 @@ std::string explain(const std::string& error, const Work::Impl& w) {
   if (timed_out && w.p2p)
     return who + " timed out after " + std::to_string(w.timeout_s) + " s: rank " +
            std::to_string(w.p2p->peer) + " never posted the matching " +
-           (w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send") +
-           ". Every send needs its receive on the peer, in the same order; a send without its "
-           "receive, or two blocking sends facing each other, wait forever";
+           (w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send") + hang_report(w) +
+           ". Every send needs its receive on the peer, with the same tag, in the same order; a "
+           "send without its receive, or two blocking sends facing each other, wait forever (post "
+           "one side with isend/irecv, or both in one batch_isend_irecv)";
   if (timed_out)
     return who + " timed out after " + std::to_string(w.timeout_s) +
-           " s: the other ranks never joined it. Usually a collective that not every rank calls "
+           " s: the other ranks never joined it" + hang_report(w) +
+           ". Usually a collective that not every rank calls "
            "(one inside `if (rank == 0)`), or ranks calling collectives in a different order: "
            "every rank must call every collective, in the same order";
   if (lower.find("closed") != std::string::npos || lower.find("reset by peer") != std::string::npos ||
       lower.find("broken pipe") != std::string::npos)
     return who + " failed: another rank left the job (it died, or it finished without calling "
-           "this collective): " + first_line(error);
+           "this " + (w.p2p ? "call's match" : "collective") + "): " + first_line(error);
   return who + " failed: " + first_line(error);
 }
 
@@ -100,11 +157,20 @@ void Work::wait() {
   }
   const auto started = std::chrono::steady_clock::now();
   if (impl_->p2p) detail::before_p2p_wait(*impl_);
+  Activity* doing = impl_->group ? impl_->group->activity.get() : nullptr;
+  if (doing) {  // what this rank's report says if the wait times out (detail::hang_report)
+    std::lock_guard<std::mutex> lock(doing->mutex);
+    doing->waiting = impl_->what;
+  }
   try {
     // A send or receive inside an NCCL group has no Work of its own: the group's stands for it.
     if (impl_->work) impl_->work->wait();
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *impl_));
+  }
+  if (doing) {
+    std::lock_guard<std::mutex> lock(doing->mutex);
+    doing->last = impl_->what;
   }
   if (impl_->p2p) detail::after_p2p_wait(*impl_, started);
   if (impl_->flat.defined()) {

@@ -24,8 +24,18 @@
 
 namespace kit {
 
+// What one rank is doing: the call whose wait is in progress and the last one that finished
+// ("send #2 to rank 1 (train.cpp:80)"). Shared by a world and its subgroups; when a wait times
+// out the rank publishes it for its peers' error lines (detail::hang_report).
+struct Activity {
+  std::mutex mutex;
+  std::string waiting, last;
+};
+
 struct Work::Impl {
   compat::WorkPtr work;
+  // The group that started it (for a timeout's report: its activity, store and members).
+  std::shared_ptr<ProcessGroup::Impl> group;
   std::vector<torch::Tensor> tensors;
   torch::Tensor flat;    // defined: `tensors` travel packed in this one buffer (see all_reduce_async)
   torch::Tensor gathered, gather_into;  // all_gather through a list: copy the list into the output
@@ -43,6 +53,7 @@ struct Work::Impl {
     int peer = -1;       // the peer's world rank
     int64_t seq = 0;     // its number for this peer and direction
     std::string group;   // ProcessGroup::name()
+    bool traced = true;  // false: a description's, whose wait is the call's own business
     std::shared_ptr<Work::Impl> description;  // the description's own send or receive
     torch::Tensor theirs, mine;               // the receiver's: the sender's and its own
   };
@@ -64,6 +75,10 @@ struct ProcessGroup::Impl {
   int world_rank = -1;               // this rank's number in the world
   std::string name;                  // "world", or the members' world ranks "0,2"
   int64_t groups_made = 0;           // new_group() calls so far: numbers the next one's store keys
+  // This rank's activity and the world's store, shared with every subgroup: a rank whose wait
+  // timed out writes what it was doing there as "kit/hang/<world rank>", and reads its peers'.
+  std::shared_ptr<Activity> activity;
+  c10::intrusive_ptr<c10d::Store> reports;
   std::vector<std::weak_ptr<ProcessGroup>> subgroups;  // closed by shutdown() with this group
 };
 
@@ -77,6 +92,11 @@ std::string explain(const std::string& error, const Work::Impl& w);
 // (`started`: when wait() began).
 void before_p2p_wait(Work::Impl& w);
 void after_p2p_wait(Work::Impl& w, std::chrono::steady_clock::time_point started);
+// A timed-out wait (process_group.cpp): publishes what this rank was waiting in, then waits a
+// little (at most the group's timeout, 3 s at most) for the reports of the ranks it waits for (a
+// send's or receive's peer; a collective's other members) and returns them in words:
+// "; rank 1 was waiting in send #1 to rank 0 (train.cpp:80)", "" when none came.
+std::string hang_report(const Work::Impl& w);
 }  // namespace detail
 
 }  // namespace kit
