@@ -141,6 +141,7 @@ int bad(const kit::Setup& me, const std::string& what) {
   if (what == "outside") {
     auto zero = kit::new_group({0});
     auto one = kit::new_group({1});
+    kit::barrier();  // both groups made (at rank 0's store) before a rank stops
     kit::send(t, 1 - r, r == 0 ? zero : one);
   }
   if (what == "tag") kit::send(t, 1 - r, {}, -1);

@@ -117,7 +117,10 @@ void barrier(CallSite site);  // the world's, for a caller that passes its own c
 // methods take the group's rank numbers). Unlike a collective only the two ranks take part, and
 // each send needs its receive on the peer, with the same shape, dtype and tag, in the same order
 // (ProcessGroup::isend says the rest: waits, batches, NCCL). The trace numbers them per peer and
-// direction, not in the group's sequence.
+// direction, not in the group's sequence. A peer outside the group, this rank itself or a tag
+// outside 0 to 2^30 - 1 is one line naming the call; a send without its receive, or two blocking
+// sends facing each other, end after KIT_TIMEOUT with one line on each rank naming its call and
+// what its peer was waiting in.
 //   kit::send(activation, next_rank);              // waits until next_rank received it
 //   kit::recv(buffer, previous_rank);              // buffer: the sender's shape and dtype
 void send(const torch::Tensor& tensor, int dst, GroupRef group = {}, int tag = 0, CallSite site = {});

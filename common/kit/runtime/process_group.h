@@ -119,17 +119,21 @@ class ProcessGroup {
   // rank's number in this group (0..size()-1; the free functions of distributed.h take world
   // ranks, as torch does), `tag` (0 to 2^30 - 1) tells apart messages between the same two ranks
   // on Gloo (NCCL ignores it, as in PyTorch: there the order alone pairs them). The receiver's
-  // tensor must have the sender's shape and dtype. isend/irecv return at once; the tensor must not
-  // be touched until wait(). send() and recv() wait: a send waits until the peer has posted its
-  // receive, on Gloo as on NCCL, so two blocking sends facing each other (each rank sends first,
-  // then receives) wait for each other forever. Post one side non-blocking, or both in one
-  // batch_isend_irecv.
+  // tensor must have the sender's shape and dtype (a strided one is received through a contiguous
+  // copy). isend/irecv return at once; the tensor must not be touched until wait(). send() and
+  // recv() wait: a send waits until the peer has posted its receive, on Gloo as on NCCL, so two
+  // blocking sends facing each other (each rank sends first, then receives) wait for each other
+  // forever. Post one side non-blocking, or both in one batch_isend_irecv.
   // Numbered per peer and direction, not in the group's sequence (only two ranks take part): the
   // trace has "p2p seq=N kind=send peer=R tag=T ..." with R the peer's world rank, and its wait
-  // "p2p_wait ..." with its start and end. NCCL's device rule as for the collectives;
-  // KIT_DEBUG_COLLECTIVES=1 sends a description ahead of each message (number, elements, dtype,
-  // tag, line) that the receiver compares with its own in wait(): another shape is one line
-  // naming both calls instead of a wrong tensor or a backend error.
+  // "p2p_wait ..." with its start and end. NCCL's device rule as for the collectives.
+  // KIT_DEBUG_COLLECTIVES=1 sends a description ahead of each message (its number, line, dtype
+  // and shape) that the receiver compares with its own in wait(): another shape or dtype is one
+  // line naming both calls instead of a wrong tensor or a backend error.
+  // A wait that times out (Gloo; on NCCL c10d's watchdog aborts the rank) is one line naming the
+  // call, its line and the peer, and what the peer was waiting in: each rank whose wait times out,
+  // collective or not, leaves that in the world's store (detail::hang_report), so both ranks of a
+  // deadlock name each other's call ("rank 1 was waiting in send #1 to rank 0 (train.cpp:80)").
   Work isend(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {});
   Work irecv(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {});
   void send(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {}) {
@@ -146,7 +150,7 @@ class ProcessGroup {
   struct P2POp {
     enum Kind { kSend, kRecv } kind;
     torch::Tensor tensor;
-    int peer;     // in this group
+    int peer;     // in this group (a world rank for kit::batch_isend_irecv of distributed.h)
     int tag = 0;
   };
   Work batch_isend_irecv(std::vector<P2POp> ops, CallSite site = {});

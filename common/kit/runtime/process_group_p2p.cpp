@@ -137,6 +137,8 @@ Work ProcessGroup::batch_isend_irecv(std::vector<P2POp> ops, CallSite site) {
   // NCCL: one group, so that a send and a receive between the same two ranks can both proceed
   // (c10d's coalescing, what torch.distributed.batch_isend_irecv uses). One op needs no group.
   const bool group = backend_ == "nccl" && ops.size() > 1;
+  // NCCL's device rule for every op before the group opens: a refusal inside it would leave it open.
+  for (size_t i = 0; i < ops.size(); ++i) wire(ops[i].tensor, *parts[i]);
   if (group) compat::start_coalescing(*impl_->backend);
   for (size_t i = 0; i < ops.size(); ++i) start_p2p(*parts[i], ops[i]);
   if (group) {
