@@ -271,10 +271,13 @@ TEST(NcclCollectives, PointToPointBetweenTwoGpus) {
     }
     auto got = torch::zeros({2, 3}, torch::TensorOptions().device(dev));
     auto mine = of(r).to(dev);
-    kit::Work in = g.irecv(got, peer);
-    kit::Work out = g.isend(mine, peer);
-    out.wait();
-    in.wait();
+    // Posted in matching orders (rank 0 sends first, rank 1 receives first): each NCCL call
+    // outside a batch runs in turn on the pair's stream, so a receive posted first on both ranks
+    // would wait for a send queued behind the other's receive.
+    kit::Work first = r == 0 ? g.isend(mine, peer) : g.irecv(got, peer);
+    kit::Work second = r == 0 ? g.irecv(got, peer) : g.isend(mine, peer);
+    first.wait();
+    second.wait();
     expect_on(got, dev, of(peer), r, "isend/irecv");
     auto both = torch::zeros({2, 3}, torch::TensorOptions().device(dev));
     g.batch_isend_irecv({{kit::ProcessGroup::P2POp::kSend, of(r).to(dev) * 2, peer},

@@ -42,9 +42,10 @@ std::string first_line(const std::string& what) {
   return what.substr(0, end);
 }
 
-// A timed-out wait's report (see process_group_impl.h). The store is the one the ranks met at;
-// each rank writes its key once (a timeout ends the rank), so any key found is current.
-std::string hang_report(const Work::Impl& w) {
+// A failed wait's report (see process_group_impl.h). The store is the one the ranks met at; a
+// rank writes its key when its wait fails, which ends the rank, so any key found is current.
+std::string hang_report(const Work::Impl& w, std::chrono::milliseconds wait_at_most, bool* heard_any) {
+  if (heard_any) *heard_any = false;
   if (!w.group || !w.group->reports || !w.group->activity) return "";
   auto& g = *w.group;
   std::string mine;
@@ -64,7 +65,7 @@ std::string hang_report(const Work::Impl& w) {
     g.reports->set(key(g.world_rank), std::vector<uint8_t>(mine.begin(), mine.end()));
     // The peers time out at about the same time when they wait for this rank too; a peer that
     // does not report is not waiting in a kit call.
-    const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(3));
+    const auto grace = std::min({g.timeout, wait_at_most, std::chrono::milliseconds(3000)});
     const auto deadline = std::chrono::steady_clock::now() + grace;
     std::vector<bool> heard(peers.size(), false);
     for (size_t left = peers.size(); left > 0;) {
@@ -79,47 +80,64 @@ std::string hang_report(const Work::Impl& w) {
       if (left == 0 || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    // The peers that reported wait for this rank too and read its report: this rank stays until
-    // they have, since the store lives in rank 0's process and goes with it.
-    const int64_t readers = std::count(heard.begin(), heard.end(), true);
-    while (g.reports->add(key(g.world_rank) + "/read", 0) < readers &&
+    const int64_t heard_from = std::count(heard.begin(), heard.end(), true);
+    if (heard_any) *heard_any = heard_from > 0;
+    // The peers that reported wait for this rank too and read its report. The store lives in
+    // world rank 0's process and goes with it: rank 0 stays until they have read its report (the
+    // others have nothing more to ask of the store).
+    const int64_t readers = g.world_rank == 0 ? heard_from : 0;
+    while (readers > 0 && g.reports->add(key(g.world_rank) + "/read", 0) < readers &&
            std::chrono::steady_clock::now() < deadline + grace)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (w.p2p && !heard[0])
-      out += "; rank " + std::to_string(peers[0]) + " reported nothing within " +
-             std::to_string(grace.count()) +
-             " ms more (it is not waiting in a kit call: still computing, stuck elsewhere, or gone)";
-  } catch (const std::exception&) {
-    // The store is gone with rank 0: the line goes without the others' reports.
+  } catch (const std::exception& e) {
+    // The store is gone with rank 0: the line goes without the others' reports, saying why.
+    out += "; the other ranks' reports could not be read (" + first_line(e.what()) + ")";
   }
   return out;
 }
 
-// What a failed wait() most likely means, in words a student can act on.
+// What a failed wait() most likely means, in words a student can act on. A timeout, or a
+// connection closed under the wait (Gloo closes a rank's connections when one of its waits times
+// out, so its peers' waits end at once), asks the peers what they were waiting in (hang_report).
 std::string explain(const std::string& error, const Work::Impl& w) {
   std::string lower = error;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string who = w.who + ": " + w.what;
+  const std::string after = std::to_string(w.timeout_s) + " s";
   const bool timed_out =
       lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
-  if (timed_out && w.p2p)
-    return who + " timed out after " + std::to_string(w.timeout_s) + " s: rank " +
-           std::to_string(w.p2p->peer) + " never posted the matching " +
-           (w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send") + hang_report(w) +
+  const bool closed = lower.find("closed") != std::string::npos ||
+                      lower.find("reset by peer") != std::string::npos ||
+                      lower.find("broken pipe") != std::string::npos;
+  if (!timed_out && !closed) return who + " failed: " + first_line(error);
+  // A closed connection waits less for the reports: its peer may simply have died.
+  bool heard = false;
+  const std::string report =
+      hang_report(w, timed_out ? std::chrono::milliseconds(3000) : std::chrono::milliseconds(1000), &heard);
+  if (w.p2p) {
+    const std::string peer = "rank " + std::to_string(w.p2p->peer);
+    const char* match = w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send";
+    if (!timed_out && !heard)
+      return who + " failed: " + peer + " left the job (it died, or it finished without posting the "
+             "matching " + match + "): " + first_line(error);
+    return who + (timed_out ? " timed out after " + after : " ended when " + peer + " gave up waiting after " + after) +
+           ": " + peer + " never posted the matching " + match + report +
+           (timed_out && !heard ? "; " + peer + " reported nothing (it is not waiting in a kit call: "
+                                  "still computing, stuck elsewhere, or gone)" : "") +
            ". Every send needs its receive on the peer, with the same tag, in the same order; a "
            "send without its receive, or two blocking sends facing each other, wait forever (post "
            "one side with isend/irecv, or both in one batch_isend_irecv)";
-  if (timed_out)
-    return who + " timed out after " + std::to_string(w.timeout_s) +
-           " s: the other ranks never joined it" + hang_report(w) +
-           ". Usually a collective that not every rank calls "
-           "(one inside `if (rank == 0)`), or ranks calling collectives in a different order: "
-           "every rank must call every collective, in the same order";
-  if (lower.find("closed") != std::string::npos || lower.find("reset by peer") != std::string::npos ||
-      lower.find("broken pipe") != std::string::npos)
-    return who + " failed: another rank left the job (it died, or it finished without calling "
-           "this " + (w.p2p ? "call's match" : "collective") + "): " + first_line(error);
-  return who + " failed: " + first_line(error);
+  }
+  const std::string advice =
+      ". Usually a collective that not every rank calls (one inside `if (rank == 0)`), or ranks "
+      "calling collectives in a different order: every rank must call every collective, in the "
+      "same order";
+  if (timed_out) return who + " timed out after " + after + ": the other ranks never joined it" + report + advice;
+  if (heard)
+    return who + " failed: another rank left the job (it gave up waiting after " + after + ")" +
+           report + advice;
+  return who + " failed: another rank left the job (it died, or it finished without calling this "
+         "collective): " + first_line(error);
 }
 
 }  // namespace detail
