@@ -61,7 +61,7 @@ std::string site(const std::string& code) {
 // How a deadlocked wait ends on Gloo: its own timeout, or, when the peer timed out a moment
 // earlier, the connection the peer's Gloo closed then (process_group.cpp, explain()).
 std::string ended(const std::string& peer) {
-  return "(timed out after 2 s|ended when rank " + peer + " gave up waiting after 2 s)";
+  return "(timed out after 4 s|ended when rank " + peer + " gave up waiting after 4 s)";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,13 +111,13 @@ TEST(PointToPoint, TheTraceNumbersEachCallPerPeerAndDirection) {
 }
 
 // Two blocking sends facing each other: each rank's line names its own call and line, the peer,
-// and what the peer was waiting in, within the timeout (2 s, and up to 2 s for the peer's
+// and what the peer was waiting in, within the timeout (4 s, and up to 3 s for the peer's
 // report), instead of a hang.
 TEST(PointToPoint, TwoBlockingSendsFacingEachOtherAreNamedOnBothRanks) {
   kit_test::TempDir tmp("kit-p2p");
   for (const char* debug : {"0", "1"}) {
     Result r = run_probe(2, {"facing"}, tmp.path,
-                         {{"KIT_TIMEOUT", "2"}, {"KIT_DEBUG_COLLECTIVES", debug}});
+                         {{"KIT_TIMEOUT", "4"}, {"KIT_DEBUG_COLLECTIVES", debug}});
     EXPECT_NE(r.exit_code, 0) << r;
     const std::string send = site("kit::send(t, 1 - me.rank);");
     for (int rank : {0, 1}) {
@@ -139,7 +139,7 @@ TEST(PointToPoint, TwoBlockingSendsFacingEachOtherAreNamedOnBothRanks) {
 // rank 1 waits in a barrier rank 0 never joins. Each line names the other rank's call.
 TEST(PointToPoint, ASendWithoutItsReceiveIsNamedOnBothRanks) {
   kit_test::TempDir tmp("kit-p2p");
-  Result r = run_probe(2, {"unmatched"}, tmp.path, {{"KIT_TIMEOUT", "2"}});
+  Result r = run_probe(2, {"unmatched"}, tmp.path, {{"KIT_TIMEOUT", "4"}});
   EXPECT_NE(r.exit_code, 0) << r;
   const std::string second = site("kit::send(t, 1);  // rank 1 never"), recv = site("kit::recv(t, 0);"),
                     barrier = site("kit::barrier();  // where rank 1");
@@ -151,8 +151,8 @@ TEST(PointToPoint, ASendWithoutItsReceiveIsNamedOnBothRanks) {
             1u)
       << r;
   EXPECT_EQ(lines_matching(r.err, "^\\[rank 1\\] rank 1: error: barrier #1 \\(" + barrier +
-                                      "\\) (timed out after 2 s: the other ranks never joined it|failed: another rank left the job "
-                                      "\\(it gave up waiting after 2 s\\)); "
+                                      "\\) (timed out after 4 s: the other ranks never joined it|failed: another rank left the job "
+                                      "\\(it gave up waiting after 4 s\\)); "
                                       "rank 0 was waiting in send #2 to rank 1 \\(" + second +
                                       "\\), after send #1 to rank 1 \\(")
                 .size(),
