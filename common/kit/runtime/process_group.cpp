@@ -44,14 +44,16 @@ std::string first_line(const std::string& what) {
 
 // A failed wait's report (see process_group_impl.h). The store is the one the ranks met at; a
 // rank writes its key when its wait fails, which ends the rank, so any key found is current.
-std::string hang_report(const Work::Impl& w, std::chrono::milliseconds wait_at_most, bool* heard_any) {
-  if (heard_any) *heard_any = false;
+std::string hang_report(const Work::Impl& w, bool timed_out, bool* heard_timeout) {
+  if (heard_timeout) *heard_timeout = false;
   if (!w.group || !w.group->reports || !w.group->activity) return "";
   auto& g = *w.group;
-  std::string mine;
+  // First a letter: T, this rank's wait timed out; C, its connection closed under it (a peer
+  // gave up, or died). Only a T tells a peer that somebody gave up waiting.
+  std::string mine = timed_out ? "T" : "C";
   {
     std::lock_guard<std::mutex> lock(g.activity->mutex);
-    mine = "was waiting in " + g.activity->waiting +
+    mine += "was waiting in " + g.activity->waiting +
            (g.activity->last.empty() ? "" : ", after " + g.activity->last);
   }
   std::vector<int> peers;
@@ -65,14 +67,18 @@ std::string hang_report(const Work::Impl& w, std::chrono::milliseconds wait_at_m
     g.reports->set(key(g.world_rank), std::vector<uint8_t>(mine.begin(), mine.end()));
     // The peers time out at about the same time when they wait for this rank too; a peer that
     // does not report is not waiting in a kit call.
-    const auto grace = std::min({g.timeout, wait_at_most, std::chrono::milliseconds(3000)});
+    // A closed connection waits less for the reports: its peer may simply have died.
+    const auto grace = std::min(g.timeout, std::chrono::milliseconds(timed_out ? 3000 : 1000));
     const auto deadline = std::chrono::steady_clock::now() + grace;
     std::vector<bool> heard(peers.size(), false);
+    bool gave_up = false;
     for (size_t left = peers.size(); left > 0;) {
       for (size_t i = 0; i < peers.size(); ++i)
         if (!heard[i] && g.reports->check({key(peers[i])})) {
           const auto b = g.reports->get(key(peers[i]));
-          out += "; rank " + std::to_string(peers[i]) + " " + std::string(b.begin(), b.end());
+          const std::string theirs(b.begin(), b.end());
+          gave_up = gave_up || theirs.rfind("T", 0) == 0;
+          out += "; rank " + std::to_string(peers[i]) + " " + theirs.substr(1);
           g.reports->add(key(peers[i]) + "/read", 1);
           heard[i] = true;
           --left;
@@ -81,7 +87,7 @@ std::string hang_report(const Work::Impl& w, std::chrono::milliseconds wait_at_m
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const int64_t heard_from = std::count(heard.begin(), heard.end(), true);
-    if (heard_any) *heard_any = heard_from > 0;
+    if (heard_timeout) *heard_timeout = gave_up;
     // The peers that reported wait for this rank too and read its report. The store lives in
     // world rank 0's process and goes with it: rank 0 stays until they have read its report (the
     // others have nothing more to ask of the store).
@@ -110,10 +116,8 @@ std::string explain(const std::string& error, const Work::Impl& w) {
                       lower.find("reset by peer") != std::string::npos ||
                       lower.find("broken pipe") != std::string::npos;
   if (!timed_out && !closed) return who + " failed: " + first_line(error);
-  // A closed connection waits less for the reports: its peer may simply have died.
-  bool heard = false;
-  const std::string report =
-      hang_report(w, timed_out ? std::chrono::milliseconds(3000) : std::chrono::milliseconds(1000), &heard);
+  bool heard = false;  // a peer's wait timed out: it gave up waiting
+  const std::string report = hang_report(w, timed_out, &heard);
   if (w.p2p) {
     const std::string peer = "rank " + std::to_string(w.p2p->peer);
     const char* match = w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send";

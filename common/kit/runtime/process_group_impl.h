@@ -92,11 +92,12 @@ std::string explain(const std::string& error, const Work::Impl& w);
 // (`started`: when wait() began).
 void before_p2p_wait(Work::Impl& w);
 void after_p2p_wait(Work::Impl& w, std::chrono::steady_clock::time_point started);
-// A failed wait (process_group.cpp): publishes what this rank was waiting in, then waits a
-// little (at most `wait_at_most`, the group's timeout and 3 s) for the reports of the ranks it
-// waits for (a send's or receive's peer; a collective's other members) and returns them in words:
-// "; rank 1 was waiting in send #1 to rank 0 (train.cpp:80)", "" when none came (*heard_any).
-std::string hang_report(const Work::Impl& w, std::chrono::milliseconds wait_at_most, bool* heard_any);
+// A failed wait (process_group.cpp): publishes what this rank was waiting in and whether the wait
+// timed out, then waits a little (3 s after a timeout, 1 s after a closed connection, at most the
+// group's timeout) for the reports of the ranks it waits for (a send's or receive's peer; a
+// collective's other members) and returns them in words: "; rank 1 was waiting in send #1 to
+// rank 0 (train.cpp:80)", "" when none came. *heard_timeout: a peer's wait timed out.
+std::string hang_report(const Work::Impl& w, bool timed_out, bool* heard_timeout);
 }  // namespace detail
 
 }  // namespace kit
