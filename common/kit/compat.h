@@ -169,6 +169,14 @@ inline void nccl_async_error_handling() {
     setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
 }
 
+// 10. A batch of sends and receives on NCCL (torch.distributed.batch_isend_irecv): c10d's
+// coalescing, Backend::startCoalescing() then the calls then endCoalescing(), whose Work stands
+// for all of them (the calls' own Works may be empty). The same two calls from 2.2 to 2.15; Gloo
+// does not implement them (PyTorch runs a Gloo batch one call after the other, and so does the
+// kit).
+inline void start_coalescing(Backend& backend) { backend.startCoalescing(); }
+inline WorkPtr end_coalescing(Backend& backend) { return backend.endCoalescing(); }
+
 #if defined(KIT_HAVE_NCCL)
 inline c10::Device current_cuda_device() {
   return c10::Device(c10::kCUDA, c10::cuda::current_device());

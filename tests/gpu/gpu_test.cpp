@@ -253,6 +253,48 @@ TEST(NcclCollectives, ReduceScatterGivesEachRankItsChunkSummed) {
   });
 }
 
+// Point to point on NCCL (two GPUs: a rank cannot send to itself, and NCCL puts each rank on a
+// GPU of its own): a blocking send and receive, isend/irecv, and a batch in which both ranks send
+// to and receive from each other at once (one NCCL group: without it each rank's send would wait
+// on its stream for the other's receive, which comes after that rank's own send); a host tensor
+// is one line naming the call.
+TEST(NcclCollectives, PointToPointBetweenTwoGpus) {
+  SKIP_UNLESS_NCCL(2);
+  on_gpu_ranks(2, [](kit::ProcessGroup& g, torch::Device dev) {
+    const int r = g.rank(), peer = 1 - r;
+    auto of = [](int k) { return (torch::arange(6, torch::kFloat) + 100.0f * k).view({2, 3}); };
+    if (r == 0) g.send(of(0).to(dev), 1);
+    else {
+      auto got = torch::zeros({2, 3}, torch::TensorOptions().device(dev));
+      g.recv(got, 0);
+      expect_on(got, dev, of(0), r, "send/recv");
+    }
+    auto got = torch::zeros({2, 3}, torch::TensorOptions().device(dev));
+    auto mine = of(r).to(dev);
+    // Posted in matching orders (rank 0 sends first, rank 1 receives first): each NCCL call
+    // outside a batch runs in turn on the pair's stream, so a receive posted first on both ranks
+    // would wait for a send queued behind the other's receive.
+    kit::Work first = r == 0 ? g.isend(mine, peer) : g.irecv(got, peer);
+    kit::Work second = r == 0 ? g.irecv(got, peer) : g.isend(mine, peer);
+    first.wait();
+    second.wait();
+    expect_on(got, dev, of(peer), r, "isend/irecv");
+    auto both = torch::zeros({2, 3}, torch::TensorOptions().device(dev));
+    g.batch_isend_irecv({{kit::ProcessGroup::P2POp::kSend, of(r).to(dev) * 2, peer},
+                         {kit::ProcessGroup::P2POp::kRecv, both, peer}})
+        .wait();
+    expect_on(both, dev, of(peer) * 2, r, "batch_isend_irecv both ways");
+    std::string what;
+    try {
+      g.send(torch::ones({2}), peer);
+    } catch (const kit::CommError& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("was given a tensor on cpu, but NCCL moves only tensors on the rank's device"),
+              std::string::npos) << what;
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // DDP over NCCL against one process on the whole global batch
 // ---------------------------------------------------------------------------------------------

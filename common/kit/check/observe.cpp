@@ -32,6 +32,12 @@ std::string shape_of(const torch::Tensor& t) {
   return s + "]";
 }
 
+// A moment as microseconds of the monotonic clock: one clock for every process of a machine, so
+// that the timeline can put the ranks of one node side by side.
+int64_t micros(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
 // Every value of a tensor, as "1.000000,2.000000" (std::to_string of each, as a double).
 std::string values(const torch::Tensor& t) {
   std::string out;
@@ -64,6 +70,34 @@ void collective(int64_t seq, const char* kind, const char* op, const torch::Tens
                             " shape=" + (t.defined() ? shape_of(t) : "-") + " dtype=" +
                             (t.defined() ? std::string(c10::toString(t.scalar_type())) : "-") +
                             " site=" + site.str() + " group=" + group);
+}
+
+void p2p(int64_t seq, const char* kind, int peer, int tag, const torch::Tensor& t,
+         const CallSite& site, const std::string& group) {
+  trace::record("p2p", "seq=" + std::to_string(seq) + " kind=" + kind + " peer=" +
+                           std::to_string(peer) + " tag=" + std::to_string(tag) + " shape=" +
+                           shape_of(t) + " dtype=" + std::string(c10::toString(t.scalar_type())) +
+                           " site=" + site.str() + " group=" + group);
+}
+
+void p2p_wait(int64_t seq, const char* kind, int peer, const std::string& group,
+              std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
+  trace::record("p2p_wait", "seq=" + std::to_string(seq) + " kind=" + kind + " peer=" +
+                                std::to_string(peer) + " group=" + group + " t0=" +
+                                std::to_string(micros(start)) + " t1=" + std::to_string(micros(end)));
+}
+
+void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
+              std::chrono::steady_clock::time_point end) {
+  trace::record("pp", std::string("kind=") + kind + " stage=" + std::to_string(stage) + " mb=" +
+                          std::to_string(micro) + " t0=" + std::to_string(micros(start)) +
+                          " t1=" + std::to_string(micros(end)));
+}
+
+void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
+                   std::chrono::steady_clock::time_point end) {
+  trace::record("pp_step", "step=" + std::to_string(step) + " t0=" + std::to_string(micros(start)) +
+                               " t1=" + std::to_string(micros(end)));
 }
 
 std::string small_values(const torch::Tensor& t) {

@@ -43,6 +43,14 @@ void collective(int64_t seq, const char* kind, const char* op, const torch::Tens
                 const CallSite& site, const std::string& group);
 std::string small_values(const torch::Tensor& t);
 void all_reduce(const std::string& before, ReduceOp op, const torch::Tensor& after);
+void p2p(int64_t seq, const char* kind, int peer, int tag, const torch::Tensor& t,
+         const CallSite& site, const std::string& group);
+void p2p_wait(int64_t seq, const char* kind, int peer, const std::string& group,
+              std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
+void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
+              std::chrono::steady_clock::time_point end);
+void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
+                   std::chrono::steady_clock::time_point end);
 void after_destroy(const char* what, const CallSite* site);
 void print0(const char* text);
 void save0(const std::string& path);
@@ -98,6 +106,19 @@ inline void setup(int rank, int local_rank, int world_size, const torch::Device&
 inline void collective(int64_t seq, const char* kind, const char* op, const torch::Tensor& t,
                        const CallSite& site, const std::string& group) {
   if (on()) detail::collective(seq, kind, op, t, site, group);
+}
+// A send or receive between two ranks (kit/runtime/process_group.h): its number for this peer
+// and direction, kind ("send", "recv"), the peer's world rank, tag, tensor, the caller's line and
+// the group's name. Then its wait (p2p_wait), with when the wait began and ended: the time a rank
+// stood still for its peer, which the pipeline's timeline draws (common/tools/pp_timeline.py).
+inline void p2p(int64_t seq, const char* kind, int peer, int tag, const torch::Tensor& t,
+                const CallSite& site, const std::string& group) {
+  if (on()) detail::p2p(seq, kind, peer, tag, t, site, group);
+}
+inline void p2p_wait(int64_t seq, const char* kind, int peer, const std::string& group,
+                     std::chrono::steady_clock::time_point start,
+                     std::chrono::steady_clock::time_point end) {
+  if (on()) detail::p2p_wait(seq, kind, peer, group, start, end);
 }
 // kit::all_reduce's values, in and out: before_all_reduce() before the call, all_reduce() after
 // it. Small tensors only (1 to 4 values: a loss, an evaluation's [sum, count]), the gradients'
@@ -206,6 +227,21 @@ inline void checkpoint(const std::string& name) {  // a checkpoint written (its 
 }
 inline void resume(const std::string& name) {  // a run resumed from this checkpoint
   if (on()) detail::resume(name);
+}
+
+// --- pipeline: stages and schedules (kit/pipeline/) --------------------------------------------
+
+// One forward ("F") or backward ("B") of a micro-batch on a stage (the model chunk's number in
+// the whole pipeline), with its start and end: the order `kit check` compares with the schedule's
+// and the boxes of the timeline.
+inline void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
+                     std::chrono::steady_clock::time_point end) {
+  if (on()) detail::pipeline(kind, stage, micro, start, end);
+}
+// A training step of the pipeline: from its first action to its last (the timeline's frame).
+inline void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
+                          std::chrono::steady_clock::time_point end) {
+  if (on()) detail::pipeline_step(step, start, end);
 }
 
 // --- models (kit/models/): every kit model makes these calls, so that the checker judges any

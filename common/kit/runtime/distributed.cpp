@@ -357,6 +357,45 @@ void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp 
   group_for("reduce_scatter", group, site).reduce_scatter(output, input, op, site);
 }
 
+namespace {
+// A world rank's number in `g` for a send or receive: one line naming the call when it is not in
+// it, or is this rank (said here in world ranks, as the caller gave it).
+int peer_in(ProcessGroup& g, int world_rank, const char* what, const CallSite& site) {
+  const int me = g.global_rank(g.rank());
+  const std::string call = "rank " + std::to_string(me) + ": " + what + " (" + site.str() + "): peer " +
+                           std::to_string(world_rank);
+  const int peer = g.group_rank(world_rank);
+  if (peer < 0)
+    throw CommError(call + " is not in " +
+                    (g.name() == "world" ? "the world (ranks 0 to " + std::to_string(g.size() - 1) + ")"
+                                         : "group " + g.name() + " (peers are world ranks, as torch's dst and src)"));
+  if (world_rank == me)
+    throw CommError(call + " is this rank itself: a rank cannot send to or receive from itself "
+                    "(torch.distributed refuses it too)");
+  return peer;
+}
+}  // namespace
+
+Work isend(const torch::Tensor& tensor, int dst, GroupRef group, int tag, CallSite site) {
+  ProcessGroup& g = group_for("send", group, site);
+  return g.isend(tensor, peer_in(g, dst, "send", site), tag, site);
+}
+Work irecv(torch::Tensor& tensor, int src, GroupRef group, int tag, CallSite site) {
+  ProcessGroup& g = group_for("recv", group, site);
+  return g.irecv(tensor, peer_in(g, src, "recv", site), tag, site);
+}
+void send(const torch::Tensor& tensor, int dst, GroupRef group, int tag, CallSite site) {
+  isend(tensor, dst, group, tag, site).wait();
+}
+void recv(torch::Tensor& tensor, int src, GroupRef group, int tag, CallSite site) {
+  irecv(tensor, src, group, tag, site).wait();
+}
+Work batch_isend_irecv(std::vector<ProcessGroup::P2POp> ops, GroupRef group, CallSite site) {
+  ProcessGroup& g = group_for("batch_isend_irecv", group, site);
+  for (auto& op : ops) op.peer = peer_in(g, op.peer, "batch_isend_irecv", site);
+  return g.batch_isend_irecv(std::move(ops), site);
+}
+
 void barrier(GroupRef group, CallSite site) { group_for("barrier", group, site).barrier(site); }
 void barrier(CallSite site) { barrier(GroupRef(), site); }
 

@@ -112,6 +112,25 @@ void reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
 void barrier(GroupRef group = {}, CallSite site = {});
 void barrier(CallSite site);  // the world's, for a caller that passes its own caller's line on
 
+// Point to point, as torch.distributed.send/recv/isend/irecv/batch_isend_irecv: `dst` and `src`
+// (and each op's `peer`) are world ranks, as torch's, whatever the group (ProcessGroup's own
+// methods take the group's rank numbers). Unlike a collective only the two ranks take part, and
+// each send needs its receive on the peer, with the same shape, dtype and tag, in the same order
+// (ProcessGroup::isend says the rest: waits, batches, NCCL). The trace numbers them per peer and
+// direction, not in the group's sequence. A peer outside the group, this rank itself or a tag
+// outside 0 to 2^30 - 1 is one line naming the call; a send without its receive, or two blocking
+// sends facing each other, end after KIT_TIMEOUT with one line on each rank naming its call and
+// what its peer was waiting in.
+//   kit::send(activation, next_rank);              // waits until next_rank received it
+//   kit::recv(buffer, previous_rank);              // buffer: the sender's shape and dtype
+void send(const torch::Tensor& tensor, int dst, GroupRef group = {}, int tag = 0, CallSite site = {});
+void recv(torch::Tensor& tensor, int src, GroupRef group = {}, int tag = 0, CallSite site = {});
+Work isend(const torch::Tensor& tensor, int dst, GroupRef group = {}, int tag = 0, CallSite site = {});
+Work irecv(torch::Tensor& tensor, int src, GroupRef group = {}, int tag = 0, CallSite site = {});
+// Several at once, one Work for all (on NCCL in one group: what two ranks sending to each other
+// at once need). Each op's peer is a world rank.
+Work batch_isend_irecv(std::vector<ProcessGroup::P2POp> ops, GroupRef group = {}, CallSite site = {});
+
 // printf() on rank 0 only, so the job's output has each line once instead of world_size times.
 void print0(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

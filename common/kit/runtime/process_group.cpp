@@ -8,9 +8,11 @@
 // making and closing a group is process_group_make.cpp; the shared state, process_group_impl.h.
 #include "kit/runtime/process_group.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "kit/compat.h"
 #include "kit/runtime/process_group_impl.h"
@@ -40,21 +42,106 @@ std::string first_line(const std::string& what) {
   return what.substr(0, end);
 }
 
-// What a failed wait() most likely means, in words a student can act on.
+// A failed wait's report (see process_group_impl.h). The store is the one the ranks met at; a
+// rank writes its key when its wait fails, which ends the rank, so any key found is current.
+std::string hang_report(const Work::Impl& w, bool timed_out, bool* heard_timeout) {
+  if (heard_timeout) *heard_timeout = false;
+  if (!w.group || !w.group->reports || !w.group->activity) return "";
+  auto& g = *w.group;
+  // First a letter: T, this rank's wait timed out; C, its connection closed under it (a peer
+  // gave up, or died). Only a T tells a peer that somebody gave up waiting.
+  std::string mine = timed_out ? "T" : "C";
+  {
+    std::lock_guard<std::mutex> lock(g.activity->mutex);
+    mine += "was waiting in " + g.activity->waiting +
+           (g.activity->last.empty() ? "" : ", after " + g.activity->last);
+  }
+  std::vector<int> peers;
+  if (w.p2p) peers.push_back(w.p2p->peer);
+  else
+    for (int r : g.ranks)
+      if (r != g.world_rank) peers.push_back(r);
+  auto key = [](int rank) { return "kit/hang/" + std::to_string(rank); };
+  std::string out;
+  try {
+    g.reports->set(key(g.world_rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    // The peers time out at about the same time when they wait for this rank too; a peer that
+    // does not report is not waiting in a kit call.
+    // A closed connection waits less for the reports: its peer may simply have died.
+    const auto grace = std::min(g.timeout, std::chrono::milliseconds(timed_out ? 3000 : 1000));
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    std::vector<bool> heard(peers.size(), false);
+    bool gave_up = false;
+    for (size_t left = peers.size(); left > 0;) {
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (!heard[i] && g.reports->check({key(peers[i])})) {
+          const auto b = g.reports->get(key(peers[i]));
+          const std::string theirs(b.begin(), b.end());
+          gave_up = gave_up || theirs.rfind("T", 0) == 0;
+          out += "; rank " + std::to_string(peers[i]) + " " + theirs.substr(1);
+          g.reports->add(key(peers[i]) + "/read", 1);
+          heard[i] = true;
+          --left;
+        }
+      if (left == 0 || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const int64_t heard_from = std::count(heard.begin(), heard.end(), true);
+    if (heard_timeout) *heard_timeout = gave_up;
+    // The peers that reported wait for this rank too and read its report. The store lives in
+    // world rank 0's process and goes with it: rank 0 stays until they have read its report (the
+    // others have nothing more to ask of the store).
+    const int64_t readers = g.world_rank == 0 ? heard_from : 0;
+    while (readers > 0 && g.reports->add(key(g.world_rank) + "/read", 0) < readers &&
+           std::chrono::steady_clock::now() < deadline + grace)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const std::exception& e) {
+    // The store is gone with rank 0: the line goes without the others' reports, saying why.
+    out += "; the other ranks' reports could not be read (" + first_line(e.what()) + ")";
+  }
+  return out;
+}
+
+// What a failed wait() most likely means, in words a student can act on. A timeout, or a
+// connection closed under the wait (Gloo closes a rank's connections when one of its waits times
+// out, so its peers' waits end at once), asks the peers what they were waiting in (hang_report).
 std::string explain(const std::string& error, const Work::Impl& w) {
   std::string lower = error;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string who = w.who + ": " + w.what;
-  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos)
-    return who + " timed out after " + std::to_string(w.timeout_s) +
-           " s: the other ranks never joined it. Usually a collective that not every rank calls "
-           "(one inside `if (rank == 0)`), or ranks calling collectives in a different order: "
-           "every rank must call every collective, in the same order";
-  if (lower.find("closed") != std::string::npos || lower.find("reset by peer") != std::string::npos ||
-      lower.find("broken pipe") != std::string::npos)
-    return who + " failed: another rank left the job (it died, or it finished without calling "
-           "this collective): " + first_line(error);
-  return who + " failed: " + first_line(error);
+  const std::string after = std::to_string(w.timeout_s) + " s";
+  const bool timed_out =
+      lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+  const bool closed = lower.find("closed") != std::string::npos ||
+                      lower.find("reset by peer") != std::string::npos ||
+                      lower.find("broken pipe") != std::string::npos;
+  if (!timed_out && !closed) return who + " failed: " + first_line(error);
+  bool heard = false;  // a peer's wait timed out: it gave up waiting
+  const std::string report = hang_report(w, timed_out, &heard);
+  if (w.p2p) {
+    const std::string peer = "rank " + std::to_string(w.p2p->peer);
+    const char* match = w.p2p->kind == ProcessGroup::P2POp::kSend ? "receive" : "send";
+    if (!timed_out && !heard)
+      return who + " failed: " + peer + " left the job (it died, or it finished without posting the "
+             "matching " + match + "): " + first_line(error);
+    return who + (timed_out ? " timed out after " + after : " ended when " + peer + " gave up waiting after " + after) +
+           ": " + peer + " never posted the matching " + match + report +
+           (timed_out && !heard ? "; " + peer + " reported nothing (it is not waiting in a kit call: "
+                                  "still computing, stuck elsewhere, or gone)" : "") +
+           ". Every send needs its receive on the peer, with the same tag, in the same order; a "
+           "send without its receive, or two blocking sends facing each other, wait forever (post "
+           "one side with isend/irecv, or both in one batch_isend_irecv)";
+  }
+  const std::string advice =
+      ". Usually a collective that not every rank calls (one inside `if (rank == 0)`), or ranks "
+      "calling collectives in a different order: every rank must call every collective, in the "
+      "same order";
+  if (timed_out) return who + " timed out after " + after + ": the other ranks never joined it" + report + advice;
+  if (heard)
+    return who + " failed: another rank left the job (it gave up waiting after " + after + ")" +
+           report + advice;
+  return who + " failed: another rank left the job (it died, or it finished without calling this "
+         "collective): " + first_line(error);
 }
 
 }  // namespace detail
@@ -86,11 +173,28 @@ void check_reduce_scatter(const torch::Tensor& output, const torch::Tensor& inpu
 using detail::explain;
 
 void Work::wait() {
+  if (!impl_->parts.empty()) {  // a batch: each of its sends and receives
+    for (auto& part : impl_->parts) Work(part).wait();
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  if (impl_->p2p) detail::before_p2p_wait(*impl_);
+  Activity* doing = impl_->group ? impl_->group->activity.get() : nullptr;
+  if (doing) {  // what this rank's report says if the wait times out (detail::hang_report)
+    std::lock_guard<std::mutex> lock(doing->mutex);
+    doing->waiting = impl_->what;
+  }
   try {
-    impl_->work->wait();
+    // A send or receive inside an NCCL group has no Work of its own: the group's stands for it.
+    if (impl_->work) impl_->work->wait();
   } catch (const std::exception& e) {
     throw CommError(explain(e.what(), *impl_));
   }
+  if (doing) {
+    std::lock_guard<std::mutex> lock(doing->mutex);
+    doing->last = impl_->what;
+  }
+  if (impl_->p2p) detail::after_p2p_wait(*impl_, started);
   if (impl_->flat.defined()) {
     int64_t at = 0;
     for (auto& t : impl_->tensors) {

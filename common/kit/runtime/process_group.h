@@ -114,6 +114,47 @@ class ProcessGroup {
                                     CallSite site = {});
   void barrier(CallSite site = {});
 
+  // --- Point to point -----------------------------------------------------------------------
+  // One rank sends, one receives, as torch.distributed.send/recv/isend/irecv: `peer` is the other
+  // rank's number in this group (0..size()-1; the free functions of distributed.h take world
+  // ranks, as torch does), `tag` (0 to 2^30 - 1) tells apart messages between the same two ranks
+  // on Gloo (NCCL ignores it, as in PyTorch: there the order alone pairs them). The receiver's
+  // tensor must have the sender's shape and dtype (a strided one is received through a contiguous
+  // copy). isend/irecv return at once; the tensor must not be touched until wait(). send() and
+  // recv() wait: a send waits until the peer has posted its receive, on Gloo as on NCCL, so two
+  // blocking sends facing each other (each rank sends first, then receives) wait for each other
+  // forever. Post one side non-blocking, or both in one batch_isend_irecv.
+  // Numbered per peer and direction, not in the group's sequence (only two ranks take part): the
+  // trace has "p2p seq=N kind=send peer=R tag=T ..." with R the peer's world rank, and its wait
+  // "p2p_wait ..." with its start and end. NCCL's device rule as for the collectives.
+  // KIT_DEBUG_COLLECTIVES=1 sends a description ahead of each message (its number, line, dtype
+  // and shape) that the receiver compares with its own in wait(): another shape or dtype is one
+  // line naming both calls instead of a wrong tensor or a backend error.
+  // A wait that times out (Gloo; on NCCL c10d's watchdog aborts the rank) is one line naming the
+  // call, its line and the peer, and what the peer was waiting in: each rank whose wait times out,
+  // collective or not, leaves that in the world's store (detail::hang_report), so both ranks of a
+  // deadlock name each other's call ("rank 1 was waiting in send #1 to rank 0 (train.cpp:80)").
+  Work isend(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {});
+  Work irecv(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {});
+  void send(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {}) {
+    isend(tensor, peer, tag, site).wait();
+  }
+  void recv(torch::Tensor tensor, int peer, int tag = 0, CallSite site = {}) {
+    irecv(tensor, peer, tag, site).wait();
+  }
+  // Several sends and receives started together, as torch.distributed.batch_isend_irecv: on NCCL
+  // in one group (ncclGroupStart/End: c10d's coalescing), which NCCL needs when two ranks send to
+  // each other at once (1F1B's "send the activation, receive the gradient"), since a lone NCCL send
+  // blocks its stream until the peer receives; on Gloo one after the other, as PyTorch does. One
+  // Work for all of them.
+  struct P2POp {
+    enum Kind { kSend, kRecv } kind;
+    torch::Tensor tensor;
+    int peer;     // in this group (a world rank for kit::batch_isend_irecv of distributed.h)
+    int tag = 0;
+  };
+  Work batch_isend_irecv(std::vector<P2POp> ops, CallSite site = {});
+
   // After shutdown() every collective throws CommError naming the call: destroy_process_group()
   // calls it, so work after it is one clear error, not a crash on a released connection. The
   // backend's own shutdown() runs too (NCCL: its communicators are finalized and its watchdog
@@ -173,6 +214,11 @@ class ProcessGroup {
   // Numbers the call, traces it, counts it; throws if the group is shut down.
   std::shared_ptr<Work::Impl> enter(const char* kind, const torch::Tensor& t, const char* op,
                                     const CallSite& site);
+  // The same for one send or receive (its number is per peer and direction), and its start on
+  // the backend (with its debug description first, under KIT_DEBUG_COLLECTIVES). In
+  // process_group_p2p.cpp.
+  std::shared_ptr<Work::Impl> enter_p2p(const P2POp& op, const CallSite& site);
+  void start_p2p(Work::Impl& w, const P2POp& op);
   // What the backend is given for `t` in `call`: NCCL's device rule checked (see device()).
   torch::Tensor wire(const torch::Tensor& t, const Work::Impl& call) const;
   // "rank 3" in a world, "rank 3 in group 2,3" in a subgroup: the start of every error line.
@@ -181,6 +227,7 @@ class ProcessGroup {
   int rank_, size_;
   std::string backend_;
   int64_t seq_ = 0;
+  std::map<std::pair<int, int>, int64_t> p2p_seq_;  // (kSend or kRecv, peer) -> calls so far
   CommStats stats_;
 };
 

@@ -81,6 +81,7 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
   auto w = std::make_shared<Work::Impl>();
   const int64_t seq = ++seq_;
   w->what = std::string(kind) + " #" + std::to_string(seq) + " (" + site.str() + ")";
+  w->group = impl_;
   w->who = who();
   w->timeout_s = impl_->timeout.count() / 1000;
   if (!impl_->alive) {

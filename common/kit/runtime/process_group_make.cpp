@@ -43,6 +43,8 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl, int rank, int size, std::
     impl_->name = "world";
   }
   if (!impl_->world) impl_->world = std::make_shared<const int>(size_);
+  if (!impl_->activity) impl_->activity = std::make_shared<Activity>();  // a world's: its own
+  if (!impl_->reports) impl_->reports = impl_->store;
   if (impl_->name.empty()) impl_->name = joined(impl_->ranks);
 }
 
@@ -105,6 +107,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, Ca
   sub->world = impl_->world;
   sub->world_rank = impl_->world_rank;
   sub->ranks = ranks;
+  sub->activity = impl_->activity;
+  sub->reports = impl_->reports;
   const auto mine = std::find(ranks.begin(), ranks.end(), impl_->world_rank);
   if (mine == ranks.end()) return std::make_shared<ProcessGroup>(sub, -1, -1, backend_);
   const int rank = static_cast<int>(mine - ranks.begin()), size = static_cast<int>(ranks.size());
