@@ -6,6 +6,8 @@
 
 #include <ATen/Context.h>
 
+#include "kit/check/observe.h"  // the forwards and backwards in the run trace
+
 namespace kit::pp {
 
 TransformerLM whole_model(const TransformerLMOptions& options, uint64_t seed) {
@@ -52,10 +54,21 @@ std::string describe_split(int layers, int chunks) {
   return out;
 }
 
-torch::Tensor Chunk::forward(const torch::Tensor& x) const {
+torch::Tensor Chunk::forward(const torch::Tensor& x, int micro) const {
+  const auto start = std::chrono::steady_clock::now();
   torch::Tensor y = x;
   for (const auto& u : units) y = u.run(y);
+  observe::pipeline("F", index, micro, start, std::chrono::steady_clock::now());
   return y;
+}
+
+void Chunk::backward(const torch::Tensor& y, const torch::Tensor& grad, int micro) const {
+  const auto start = std::chrono::steady_clock::now();
+  if (grad.defined())
+    y.backward(grad);
+  else
+    y.backward();
+  observe::pipeline("B", index, micro, start, std::chrono::steady_clock::now());
 }
 
 std::vector<torch::Tensor> Chunk::parameters() const {

@@ -45,7 +45,13 @@ struct Chunk {
   bool last = false;      // runs the output layer: its output is the logits
   std::vector<TransformerLMImpl::Unit> units;
   std::string what;       // "blocks 3-4, output layer"
-  torch::Tensor forward(const torch::Tensor& x) const;  // its units in order
+  // Its units in order. `micro`, the micro-batch's number, goes to the run trace with the
+  // forward's start and end ("pp kind=F stage=<chunk> mb=<micro> t0= t1="): the order `kit check`
+  // compares with the schedule's, and the boxes of the timeline.
+  torch::Tensor forward(const torch::Tensor& x, int micro = 0) const;
+  // The backward of a forward's output `y`: y.backward(grad), or y.backward() when `grad` is
+  // undefined (y is the loss, on the last chunk). Traced as forward() is, with kind=B.
+  void backward(const torch::Tensor& y, const torch::Tensor& grad, int micro = 0) const;
   std::vector<torch::Tensor> parameters() const;
 };
 
