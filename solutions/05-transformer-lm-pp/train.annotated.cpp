@@ -96,6 +96,11 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
   //@ solution
   const std::vector<kit::pp::Action>& order = p.schedule;
   //@ end
+  for (const kit::pp::Action& a : order)
+    if (a.micro >= static_cast<int>(inputs.size()) || inputs.size() != targets.size())
+      throw std::runtime_error("pipeline_step: the order runs micro-batch " + std::to_string(a.micro) +
+                               ", but the batch is cut into " + std::to_string(inputs.size()) +
+                               " inputs and " + std::to_string(targets.size()) + " targets");
   const double words = static_cast<double>(target.numel());
   auto sum = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).device(input.device()));
   std::map<std::pair<int, int>, std::pair<torch::Tensor, torch::Tensor>> saved;  // input, output
@@ -351,7 +356,10 @@ int main(int argc, char** argv) {
   std::vector<torch::Tensor> params;
   for (auto& c : chunks)
     for (auto& p : c.parameters()) params.push_back(p);
-  std::printf("rank %d holds %zu chunk(s), %lld parameters\n", rank, chunks.size(),
+  // What this rank holds, on every rank: the check compares it with the split.
+  std::string held;
+  for (auto& c : chunks) held += (held.empty() ? "" : ",") + std::to_string(c.index);
+  std::printf("rank %d holds chunks %s: %lld parameters\n", rank, held.c_str(),
               static_cast<long long>(std::accumulate(params.begin(), params.end(), int64_t{0},
                                                      [](int64_t n, const torch::Tensor& t) { return n + t.numel(); })));
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(args.lr));
