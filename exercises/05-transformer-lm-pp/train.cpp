@@ -74,11 +74,11 @@ struct Pipeline {
 // evaluation the sum over the batch's words. On every rank of the pipeline.
 torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch::Tensor& target,
                             bool train) {
-  // TODO 5: Micro-batches: as shipped the batch goes through in one piece, so each stage waits for the
+  // TODO 7: Micro-batches: as shipped the batch goes through in one piece, so each stage waits for the
   //         one before it. Cut it into p.shape.micro pieces along the batch (tensor_split, dimension 0),
   //         inputs and targets alike: stage 1 can work on micro-batch 0 while stage 0 works on 1.
   const std::vector<torch::Tensor> inputs = {input}, targets = {target};
-  // TODO 7: The order. As shipped every forward comes first, then every backward (GPipe): every
+  // TODO 8: The order. As shipped every forward comes first, then every backward (GPipe): every
   //         micro-batch's activations stay alive until the backwards start. Follow the schedule's list
   //         instead, p.schedule (kit::pp::actions() in main(): 1F1B by default), which starts a
   //         backward as soon as one can run, and frees its activations.
@@ -121,7 +121,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
       //         waiting: kit::isend of y.detach() (keep it in `sent` and the Work in `sends`, which the
       //         end of the step waits for). A blocking send here would wait for a receive that the
       //         next rank posts only when it gets there.
-      // TODO 6: The loss: only the last chunk has logits (c.last); the others' outputs are activations,
+      // TODO 4: The loss: only the last chunk has logits (c.last); the others' outputs are activations,
       //         already sent on. Compute the weighted loss there only. Second place: the end of the step.
       const auto& t = targets[a.micro];
       y = kit::lm_loss(y, t) * (static_cast<double>(t.numel()) / (train ? words : 1.0));
@@ -132,17 +132,17 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
       auto [x, y] = saved.at(key);
       saved.erase(key);
       torch::Tensor grad;  // undefined: y is the loss, and y.backward() starts from 1
-      // TODO 4: Backward between stages. A chunk that is not the last gets the gradient of its output
+      // TODO 5: Backward between stages. A chunk that is not the last gets the gradient of its output
       //         from the next chunk's rank: kit::recv into torch::empty_like(y), from p.rank_of(a.chunk
       //         + 1), tag p.tag('B', a.chunk + 1, a.micro). Second place, below: after its backward,
       //         a chunk that is not the first sends its input's gradient back.
       c.backward(y, grad, a.micro);
-      // TODO 4: (second place) x.grad() to p.rank_of(a.chunk - 1), tag p.tag('B', a.chunk, a.micro), with
+      // TODO 5: (second place) x.grad() to p.rank_of(a.chunk - 1), tag p.tag('B', a.chunk, a.micro), with
       //         kit::isend (kept in `sent` and `sends` as the forward's).
     }
   }
   for (auto& w : sends) w.wait();
-  // TODO 6: (second place) The loss is on the last stage only, and rank 0, which prints, is the first:
+  // TODO 4: (second place) The loss is on the last stage only, and rank 0, which prints, is the first:
   //         broadcast `sum` from p.last_rank() to the pipeline's group p.mesh.pp().
   return sum;
 }
@@ -190,9 +190,10 @@ torch::Tensor train_one_epoch(Pipeline& p, const Loader& loader, torch::optim::O
     auto target = batch.target.to(device, /*non_blocking=*/true);
     optimizer.zero_grad();
     auto loss = pipeline_step(p, input, target, /*train=*/true)[0].to(torch::kFloat);
-    // TODO 8: Data parallelism: the gradients are averaged over the ranks that hold the same weights.
-    //         Not the world any more: the ranks of a pipeline hold different blocks (and as many
-    //         gradients as their blocks have). They are the replicas of this stage: p.mesh.dp().
+    // TODO 6: Data parallelism: the gradients are averaged over the ranks that hold the same weights.
+    //         With --pp that is not the world any more: the ranks of a pipeline will hold different
+    //         blocks (TODO 2), and as many gradients as their blocks have. They are the copies of this
+    //         rank's stage: p.mesh.dp().
     average_gradients(p.chunks, p.mesh.world());
     optimizer.step();
     total += loss;

@@ -74,7 +74,7 @@ struct Pipeline {
 // evaluation the sum over the batch's words. On every rank of the pipeline.
 torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch::Tensor& target,
                             bool train) {
-  //@ todo 5
+  //@ todo 7
   //@ | Micro-batches: as shipped the batch goes through in one piece, so each stage waits for the
   //@ | one before it. Cut it into p.shape.micro pieces along the batch (tensor_split, dimension 0),
   //@ | inputs and targets alike: stage 1 can work on micro-batch 0 while stage 0 works on 1.
@@ -83,7 +83,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
   const std::vector<torch::Tensor> inputs = input.tensor_split(p.shape.micro, 0);
   const std::vector<torch::Tensor> targets = target.tensor_split(p.shape.micro, 0);
   //@ end
-  //@ todo 7
+  //@ todo 8
   //@ | The order. As shipped every forward comes first, then every backward (GPipe): every
   //@ | micro-batch's activations stay alive until the backwards start. Follow the schedule's list
   //@ | instead, p.schedule (kit::pp::actions() in main(): 1F1B by default), which starts a
@@ -146,7 +146,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
                                    p.tag('F', a.chunk, a.micro)));
       }
       //@ end
-      //@ todo 6
+      //@ todo 4
       //@ | The loss: only the last chunk has logits (c.last); the others' outputs are activations,
       //@ | already sent on. Compute the weighted loss there only. Second place: the end of the step.
       const auto& t = targets[a.micro];
@@ -166,7 +166,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
       auto [x, y] = saved.at(key);
       saved.erase(key);
       torch::Tensor grad;  // undefined: y is the loss, and y.backward() starts from 1
-      //@ todo 4
+      //@ todo 5
       //@ | Backward between stages. A chunk that is not the last gets the gradient of its output
       //@ | from the next chunk's rank: kit::recv into torch::empty_like(y), from p.rank_of(a.chunk
       //@ | + 1), tag p.tag('B', a.chunk + 1, a.micro). Second place, below: after its backward,
@@ -178,7 +178,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
       }
       //@ end
       c.backward(y, grad, a.micro);
-      //@ todo 4
+      //@ todo 5
       //@ | (second place) x.grad() to p.rank_of(a.chunk - 1), tag p.tag('B', a.chunk, a.micro), with
       //@ | kit::isend (kept in `sent` and `sends` as the forward's).
       //@ solution
@@ -191,7 +191,7 @@ torch::Tensor pipeline_step(Pipeline& p, const torch::Tensor& input, const torch
     }
   }
   for (auto& w : sends) w.wait();
-  //@ todo 6
+  //@ todo 4
   //@ | (second place) The loss is on the last stage only, and rank 0, which prints, is the first:
   //@ | broadcast `sum` from p.last_rank() to the pipeline's group p.mesh.pp().
   //@ solution
@@ -243,10 +243,11 @@ torch::Tensor train_one_epoch(Pipeline& p, const Loader& loader, torch::optim::O
     auto target = batch.target.to(device, /*non_blocking=*/true);
     optimizer.zero_grad();
     auto loss = pipeline_step(p, input, target, /*train=*/true)[0].to(torch::kFloat);
-    //@ todo 8
+    //@ todo 6
     //@ | Data parallelism: the gradients are averaged over the ranks that hold the same weights.
-    //@ | Not the world any more: the ranks of a pipeline hold different blocks (and as many
-    //@ | gradients as their blocks have). They are the replicas of this stage: p.mesh.dp().
+    //@ | With --pp that is not the world any more: the ranks of a pipeline will hold different
+    //@ | blocks (TODO 2), and as many gradients as their blocks have. They are the copies of this
+    //@ | rank's stage: p.mesh.dp().
     average_gradients(p.chunks, p.mesh.world());
     //@ solution
     average_gradients(p.chunks, p.mesh.dp());  // the replicas of this stage

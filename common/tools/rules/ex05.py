@@ -68,8 +68,8 @@ MESHES = {"pp2": (2, ["--pp", "2"]),
 LOSS_TOL = 2e-5
 STEP_TOL = 1e-5
 RESULT_LINES = ex01.RESULT_LINES
-LABELS = {"mesh": "1", "chunks": "2", "forward": "3", "backward": "4", "micro": "5", "loss": "6",
-          "order": "7", "dp": "8", "destroy": "9"}
+LABELS = {"mesh": "1", "chunks": "2", "forward": "3", "loss": "4", "backward": "5", "dp": "6",
+          "micro": "7", "order": "8", "destroy": "9"}
 COLLECTIVE_FILES = {}
 PLACES = {"init": ("kit::pp::whole_model(", "the line that creates the model"),
           "forward": ("kit::pp::whole_model(", "the model's options (dropout, sizes)"),
@@ -82,6 +82,16 @@ HELD = re.compile(r"^rank (\d+) holds chunks ([0-9,]+): (\d+) parameters\s*$", r
 # What the trainer throws when the schedule asks for a micro-batch the batch was not cut into
 # (TODO 5's pieces against TODO 7's order).
 PIECES = "the batch is cut into"
+# Torch's errors where a part of the pipeline is missing, by the TODO that adds it, in TODO order:
+# a chunk that is not the first run on the tokens (no receive), a loss taken of an activation (on
+# a stage that is not the last: its "classes" are d_model features), a backward of an activation
+# started without its gradient (no receive).
+SYMPTOMS = [("forward", ("cannot be converted to type int64_t", "expected scalar type Float but found Long")),
+            ("loss", ("is out of bounds",)),
+            ("backward", ("grad can be implicitly created only for scalar outputs",))]
+SYMPTOMS_SAY = {"forward": "a chunk that is not the first ran on the tokens: it received no input",
+                "loss": "a stage that is not the last took the loss of its activations",
+                "backward": "a backward started without the gradient of its output: it received none"}
 # The collective of average_gradients (outside the TODOs; TODO 8 chooses its group).
 AVERAGE_CALL = "kit::all_reduce(flat, kit::ReduceOp::AVG, group);"
 
@@ -172,15 +182,17 @@ def step_losses(run, rank):
     return [float(kv(f)["loss"]) for f in run.events(rank, "step") if "loss" in kv(f)]
 
 
-def first_step(run, rank):
-    """Rank `rank`'s trace up to its first training step's end: [(kind, fields)], or None when
-    it never got there."""
+def first_step(run, rank, j, partial=False):
+    """Rank `rank`'s trace up to its first training step's end: [(kind, fields)]. A run that
+    stopped in the first step's average (TODO 6's group: the stages' gradients differ in
+    number) ran all of its forwards and backwards: up to that collective. None when it never got
+    there."""
     out = []
     for k, fields in run.traces.get(rank, []):
-        if k == "step":
+        if k == "step" or (k == "coll" and kv(fields).get("site") == j.average_site()):
             return out
         out.append((k, fields))
-    return None
+    return out if partial else None
 
 
 def actions(events):
@@ -255,6 +267,13 @@ class Judge:
         # pipeline hold different numbers of gradients).
         if s.site and s.site == self.average_site():
             named = LABELS["dp"]
+        # Torch's own errors where a pipeline's part is missing (no kit line to place them by):
+        # the earliest TODO whose symptom any rank shows.
+        for concept, symptoms in SYMPTOMS:
+            if any(sym in run.stderr for sym in symptoms):
+                named = LABELS[concept]
+                text += f" ({SYMPTOMS_SAY[concept]})"
+                break
         # A chunk the schedule runs that this rank does not hold: TODO 2's split.
         if "is not on this rank" in text:
             named = LABELS["chunks"]
@@ -267,10 +286,13 @@ class Evidence:
 
     def __init__(self, name):
         self.name, self.state = name, {}
+        self.numbers = set()  # concepts whose failure is a number (a loss), not a structure
 
-    def fail(self, concept, text):
+    def fail(self, concept, text, numbers=False):
         if self.state.get(concept, ("", ""))[0] != "fail":
             self.state[concept] = ("fail", f"in {describe_run(self.name)} {text}")
+            if numbers:
+                self.numbers.add(concept)
 
     def unreached(self, concept, text):
         if concept not in self.state:
@@ -353,47 +375,52 @@ def judge_chunks(e, run, lay):
     e.ok("chunks")
 
 
-def judge_messages(e, run, lay, j, concept, todo):
+def judge_messages(e, run, lay, j, concept, todo, partial=False):
     """TODO 3 (the forward's activations) or 4 (the backward's gradients), without numbers: in
     the first training step, each rank's receives and sends from the TODO's lines, with peers."""
     backward = concept == "backward"
     reached = False
+    shown = False  # a message was due: an action that needs one ran
     for r in range(run.ranks):
-        first = first_step(run, r)
+        first = first_step(run, r, j, partial)
         if first is None:
             continue
         reached = True
-        mine = lay.chunks(r)
-        last = lay.last_chunk()
         # Forward: a receive per forward of a chunk that is not the first, from the previous
         # chunk's rank; a send per forward of a chunk that is not the last, to the next one's.
-        # Backward: the other way.
-        if not backward:
-            want_recv = sorted(lay.rank_of(r, c - 1) for c in mine if c > 0 for _ in range(MICRO))
-            want_send = sorted(lay.rank_of(r, c + 1) for c in mine if c < last for _ in range(MICRO))
-        else:
-            want_recv = sorted(lay.rank_of(r, c + 1) for c in mine if c < last for _ in range(MICRO))
-            want_send = sorted(lay.rank_of(r, c - 1) for c in mine if c > 0 for _ in range(MICRO))
+        # Backward: the other way. As many as the step's actions (TODO 7 decides how many).
+        last = lay.last_chunk()
+        ran = [re.fullmatch(r"(\d+)([FB])(\d+)", a) for a in actions(first)]
+        ran = [(int(m.group(1)), m.group(2)) for m in ran if m]
+        kind = "B" if backward else "F"
+        towards = (lambda c: c + 1) if backward else (lambda c: c - 1)  # where it comes from
+        away = (lambda c: c - 1) if backward else (lambda c: c + 1)
+        want_recv = sorted(lay.rank_of(r, towards(c)) for c, k in ran
+                           if k == kind and 0 <= towards(c) <= last)
+        want_send = sorted(lay.rank_of(r, away(c)) for c, k in ran
+                           if k == kind and 0 <= away(c) <= last)
+        mine = lay.chunks(r)
+        shown = shown or bool(want_recv or want_send)
         got_recv = sorted(int(f.get("peer", -1)) for f in p2p(first, "recv", todo, j))
         got_send = sorted(int(f.get("peer", -1)) for f in p2p(first, "send", todo, j))
         what = "gradient" if backward else "activation"
         for direction, got, want in (("received", got_recv, want_recv), ("sent", got_send, want_send)):
             if got != want:
                 e.fail(concept, f"rank {r} {direction} {len(got)} {what}(s) from TODO {todo}'s lines "
-                       f"in the first training step (peers {show(got) if got else 'none'}); its "
-                       f"chunks {show(mine)} need {len(want)} ({MICRO} micro-batches; peers "
-                       f"{show(sorted(set(want))) if want else 'none'})")
+                       f"in the first training step (peers {show(got) if got else 'none'}); the "
+                       f"{'backwards' if backward else 'forwards'} of its chunks {show(mine)} in "
+                       f"that step need {len(want)} (peers {show(sorted(set(want))) if want else 'none'})")
                 return
-    if not reached:
+    if not reached or (partial and not shown):
         e.unreached(concept, f"{describe_run(e.name)} stopped before its first training step ended")
         return
     e.ok(concept)
 
 
-def judge_micro(e, run, lay):
+def judge_micro(e, run, lay, j):
     """TODO 5: the first step runs MICRO micro-batches through each of the rank's chunks."""
     for r in range(run.ranks):
-        first = first_step(run, r)
+        first = first_step(run, r, j)
         if first is None:
             continue
         seen = {}
@@ -411,7 +438,7 @@ def judge_micro(e, run, lay):
     e.unreached("micro", f"{describe_run(e.name)} stopped before its first training step ended")
 
 
-def judge_order(e, run, ref, lay):
+def judge_order(e, run, ref, lay, j):
     """TODO 7: each rank's forwards and backwards of the first step in the order of the
     solution's run of the same flags (the schedule's list, kit::pp::actions)."""
     if not ref.finished():
@@ -419,10 +446,10 @@ def judge_order(e, run, ref, lay):
         return
     compared = 0
     for r in range(run.ranks):
-        first = first_step(run, r)
+        first = first_step(run, r, j)
         if first is None:
             continue
-        got, want = actions(first), actions(first_step(ref, r) or [])
+        got, want = actions(first), actions(first_step(ref, r, j) or [])
         if got != want:
             k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
             e.fail("order", f"rank {r}'s first step runs {' '.join(got[:k + 3])}{' ...' if len(got) > k + 3 else ''}"
@@ -487,7 +514,7 @@ def judge_numbers(e, run, lay, ref):
                             else "those of the unsplit model"))
                     e.fail(judged[0], f"step {k + 1}'s loss on the last stage (rank {last}) is "
                            f"{got[k] if k < len(got) else 'missing'} where {who}'s is "
-                           f"{want[k]:.7f}: {why}")
+                           f"{want[k]:.7f}: {why}", numbers=True)
                     return
         e.ok(judged[0])
     # TODO 6: every rank of a pipeline reports its last stage's losses; rank 0 prints them.
@@ -499,12 +526,12 @@ def judge_numbers(e, run, lay, ref):
             e.fail("loss", f"rank {r} reports step {k + 1}'s loss as "
                    f"{mine[k] if k < len(mine) else 'nothing'}, its last stage (rank {last}) "
                    f"{theirs[k] if k < len(theirs) else 'nothing'}: only the last stage computes "
-                   "the loss; the other stages of its pipeline get it from there")
+                   "the loss; the other stages of its pipeline get it from there", numbers=True)
             return
     theirs, mine = ex01.losses(ref), ex01.losses(run)
     if len(mine) != len(theirs) or any(abs(a - b) > LOSS_TOL for a, b in zip(mine, theirs)):
         e.fail("loss", f"rank 0 printed the losses {mine} where "
-               f"{'dp 2' if lay.dp > 1 else 'pp 1'} prints {theirs}")
+               f"{'dp 2' if lay.dp > 1 else 'pp 1'} prints {theirs}", numbers=True)
         return
     e.ok("loss")
 
@@ -512,19 +539,22 @@ def judge_numbers(e, run, lay, ref):
 def evidence_of(name, run, refs, j):
     """Everything `run` (one of MESHES) shows, TODO by TODO."""
     e, lay = Evidence(name), layout_of(name)
-    if run.failure():  # a stop in a TODO's line is that TODO's
+    stopped_in = None
+    if run.failure():  # a stop in a TODO's line (or with its symptom) is that TODO's
         todo, why = j.stop(run)
         concept = next((c for c, label in LABELS.items() if label == todo), None)
         if concept:
             e.fail(concept, f"stopped: {why}")
+            stopped_in = int(todo)
     # Each TODO's structure is judged on the mesh and chunks the flags ask for, whatever the
-    # student's mesh is (TODO 1's judgment): a missing TODO fails on its own evidence.
+    # student's mesh is (TODO 1's judgment): a missing TODO fails on its own evidence. A run that
+    # stopped shows its messages up to the stop.
     judge_mesh(e, run, lay)
     judge_chunks(e, run, lay)
-    judge_micro(e, run, lay)
-    judge_messages(e, run, lay, j, "forward", LABELS["forward"])
-    judge_messages(e, run, lay, j, "backward", LABELS["backward"])
-    judge_order(e, run, refs["order-" + name], lay)
+    judge_micro(e, run, lay, j)
+    judge_messages(e, run, lay, j, "forward", LABELS["forward"], partial=bool(run.failure()))
+    judge_messages(e, run, lay, j, "backward", LABELS["backward"], partial=bool(run.failure()))
+    judge_order(e, run, refs["order-" + name], lay, j)
     judge_group(e, run, j, "loss", lay.pipeline, "the rank's pipeline (the ranks of its stages)")
     if lay.dp > 1:
         judge_group(e, run, j, "dp", lay.dp_group, "the copies of the rank's stage, its dp group")
@@ -533,9 +563,16 @@ def evidence_of(name, run, refs, j):
         e.unreached("loss", f"the solution's reference run failed: {ref.failure()}")
         return e
     if run.failure():
+        # Its numbers are not there. The TODOs before the one it stopped in have shown what they
+        # could (their messages, their groups): the stop is a later TODO's. The others wait.
         todo, why = j.stop(run)
-        for c in ("forward", "backward", "loss", "dp"):
-            e.unreached(c, f"{describe_run(name)} stopped: {why}")
+        for c in ("forward", "loss", "backward", "dp", "micro", "order"):
+            if stopped_in and int(LABELS[c]) < stopped_in and c not in e.state:
+                e.ok(c)
+            elif stopped_in and int(LABELS[c]) < stopped_in and e.state[c][0] == "unreached":
+                e.state[c] = ("ok", "")
+            else:
+                e.unreached(c, f"{describe_run(name)} stopped: {why}")
         return e
     judge_numbers(e, run, lay, ref)
     return e
@@ -548,33 +585,41 @@ WHAT = {"mesh": "every rank builds the dp x pp mesh of --pp and prints where it 
         "chunks": "each rank keeps the chunks of its stage (chunk c on stage c % pp)",
         "forward": "each stage receives its input from the previous one and sends its output on; "
                    "the first step's loss is pp 1's",
-        "backward": "each stage receives its output's gradient and sends its input's back; every "
-                    "step's loss is pp 1's",
-        "micro": "each batch goes through in --micro-batches micro-batches",
         "loss": "the last stage's loss reaches every rank of its pipeline; rank 0 prints pp 1's "
                 "losses",
-        "order": "each rank's forwards and backwards come in the schedule's order (1F1B, GPipe, "
-                 "interleaved)",
+        "backward": "each stage receives its output's gradient and sends its input's back; every "
+                    "step's loss is pp 1's",
         "dp": "the gradients are averaged over the copies of each stage, mesh.dp(): pp 2 x dp 2 "
-              "reaches dp 2's losses"}
+              "reaches dp 2's losses",
+        "micro": "each batch goes through in --micro-batches micro-batches",
+        "order": "each rank's forwards and backwards come in the schedule's order (1F1B, GPipe, "
+                 "interleaved)"}
+# Stages 2 to 4 stop in their first pipelined step: a pipeline runs only once the forward's
+# messages (TODO 3), the loss on the last stage alone (4) and the backward's messages (5) are all
+# there. Each stage's stop names its next TODO; the TODOs after that one show nothing until the
+# pipeline runs, and are "not reached" (tests/student/expect_stage.py accepts exactly these).
+# Stage 5 runs its first step's forwards and backwards, and stops in the average (TODO 6, the
+# world's all-reduce of the different stages' gradients): its actions are judged.
+NOT_REACHED_AT_STAGE = {k: [str(t) for t in range(k + 2, 9)] for k in (2, 3, 4)}
 
 
 def judge(check):
     v, j = check.verdicts, Judge(check)
     runs = launch_all(check)
     found = {name: evidence_of(name, runs[name], runs, j) for name in MESHES}
-    failed_todos = []
+    failed_todos = [c for c in WHAT if any(e.state.get(c, ("",))[0] == "fail" and c not in e.numbers
+                                           for e in found.values())]
     for concept, what in WHAT.items():
         states = {name: e.state[concept] for name, e in found.items() if concept in e.state}
         failed = [text for state, text in states.values() if state == "fail"]
         # Numbers that follow a TODO already failed: the same mistake seen again (a wrong
-        # backward also changes pp 2 x dp 2's losses).
+        # backward also changes pp 2 x dp 2's losses). A wrong structure is this TODO's own.
         earlier = [c for c in AFTER.get(concept, ()) if c in failed_todos]
-        if failed and earlier and all("stopped:" not in t for t in failed):
+        by_numbers = all(concept in e.numbers for e in found.values()
+                         if e.state.get(concept, ("",))[0] == "fail")
+        if failed and earlier and by_numbers:
             v.unreached(concept, what, f"its losses need TODO {LABELS[earlier[0]]} first")
             continue
-        if failed:
-            failed_todos.append(concept)
         needed = REQUIRED.get(concept, ("pp2", "int2", "pp4"))
         missing = [states[n][1] if n in states else f"{describe_run(n)} did not show it"
                    for n in needed if states.get(n, ("",))[0] != "ok"]

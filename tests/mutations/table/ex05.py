@@ -50,36 +50,36 @@ MUTANTS = [
      "(a.chunk, not a.chunk - 1): the message it waits for is never sent",
      [(RECV_X, RECV_X.replace("p.tag('F', a.chunk - 1, a.micro)", "p.tag('F', a.chunk, a.micro)"))],
      ["4", "5", "6", "7", "8"]),
-    # TODO 4: the gradient never sent back; the gradient received sent on instead of the input's.
-    ("grad-not-sent", "stops", "4", "the input's gradient never sent back: the stage before waits "
-     "for it forever", [(SEND_DX, "")], ["5", "6", "7", "8"]),
-    ("grad-sent-is-received", "run", "4", "the gradient received from the next stage sent back "
+    # TODO 5: the gradient never sent back; the gradient received sent on instead of the input's.
+    ("grad-not-sent", "stops", "5", "the input's gradient never sent back: the stage before waits "
+     "for it forever", [(SEND_DX, "")], ["4", "6", "7", "8"]),
+    ("grad-sent-is-received", "run", "5", "the gradient received from the next stage sent back "
      "as it came (same shape), not the input's gradient after the backward",
      [(SEND_DX, SEND_DX.replace("sent.push_back(x.grad());", "sent.push_back(grad.defined() ? grad : x.grad());"))],
      []),
-    # TODO 5: the targets not cut; the pieces of a size instead of a number.
-    ("micro-targets-whole", "stops", "5", "the inputs cut into micro-batches, the targets not",
+    # TODO 7: the targets not cut; the pieces of a size instead of a number.
+    ("micro-targets-whole", "stops", "7", "the inputs cut into micro-batches, the targets not",
      [(SPLIT, SPLIT.split("\n")[0] + "\n  const std::vector<torch::Tensor> targets = {target};\n")],
-     ["6", "7", "8"]),
-    ("micro-split-by-size", "stops", "5", "torch::split(micro): pieces of --micro-batches rows "
+     ["4", "6", "8"]),
+    ("micro-split-by-size", "stops", "7", "torch::split(micro): pieces of --micro-batches rows "
      "each, not --micro-batches pieces",
      [(SPLIT, SPLIT.replace("tensor_split(p.shape.micro, 0)", "split(p.shape.micro, 0)"))],
-     ["6", "7", "8"]),
-    # TODO 6: the loss never leaves the last stage; broadcast from the first.
-    ("loss-not-broadcast", "run", "6", "the loss stays on the last stage: rank 0, which prints, "
+     ["4", "6", "8"]),
+    # TODO 4: the loss never leaves the last stage; broadcast from the first.
+    ("loss-not-broadcast", "run", "4", "the loss stays on the last stage: rank 0, which prints, "
      "reports 0", [(BROADCAST, "")], []),
-    ("loss-broadcast-world", "run", "6", "the loss broadcast over the world: at pp 2 x dp 2 every "
+    ("loss-broadcast-world", "run", "4", "the loss broadcast over the world: at pp 2 x dp 2 every "
      "replica reports the first replica's loss",
      [(BROADCAST, "  kit::broadcast(sum, p.last_rank());\n")], []),
-    # TODO 7: the schedule's kind ignored.
-    ("order-always-1f1b", "run", "7", "the order made here as 1F1B whatever --schedule says",
+    # TODO 8: the schedule's kind ignored.
+    ("order-always-1f1b", "run", "8", "the order made here as 1F1B whatever --schedule says",
      [(ORDER, "  const std::vector<kit::pp::Action> order =\n"
               "      kit::pp::actions(kit::pp::Schedule::k1F1B, {.pp = p.shape.pp, .v = 1, .micro = p.shape.micro},\n"
               "                       p.mesh.pp_rank());\n")], []),
-    # TODO 8: the gradients never averaged; averaged over the pipeline.
-    ("dp-no-average", "run", "8", "the gradients not averaged: at pp 2 x dp 2 the replicas of a "
+    # TODO 6: the gradients never averaged; averaged over the pipeline.
+    ("dp-no-average", "run", "6", "the gradients not averaged: at pp 2 x dp 2 the replicas of a "
      "stage part after the first step", [(AVERAGE, "")], []),
-    ("dp-over-pp", "stops", "8", "the gradients averaged over mesh.pp(): the stages of one "
+    ("dp-over-pp", "stops", "6", "the gradients averaged over mesh.pp(): the stages of one "
      "pipeline hold different blocks (and numbers of gradients)",
      [(AVERAGE, "    average_gradients(p.chunks, p.mesh.pp());\n")], []),
     # TODO 9.
@@ -88,9 +88,9 @@ MUTANTS = [
     # Correct rewrites: the check must pass them.
     ("mesh-options-by-field", "equivalent", "1", "MeshOptions filled field by field",
      [(MESH, "  kit::MeshOptions mesh_options;\n  mesh_options.pp = pp;\n  kit::Mesh mesh(mesh_options);\n")], []),
-    ("micro-chunk", "equivalent", "5", "torch::chunk instead of tensor_split (the same pieces when "
+    ("micro-chunk", "equivalent", "7", "torch::chunk instead of tensor_split (the same pieces when "
      "the micro-batches divide the batch)",
      [(SPLIT, SPLIT.replace("tensor_split(", "chunk("))], []),
-    ("order-copied", "equivalent", "7", "the schedule's list copied into the loop's own vector",
+    ("order-copied", "equivalent", "8", "the schedule's list copied into the loop's own vector",
      [(ORDER, "  const std::vector<kit::pp::Action> order(p.schedule.begin(), p.schedule.end());\n")], []),
 ]
