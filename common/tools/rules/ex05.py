@@ -92,6 +92,8 @@ SYMPTOMS = [("forward", ("cannot be converted to type int64_t", "expected scalar
 SYMPTOMS_SAY = {"forward": "a chunk that is not the first ran on the tokens: it received no input",
                 "loss": "a stage that is not the last took the loss of its activations",
                 "backward": "a backward started without the gradient of its output: it received none"}
+# A rank's error for a send, receive or collective that waited in vain, with its line.
+TIMED_OUT = re.compile(r"\((\w+\.cpp):(\d+)\) timed out after")
 # The collective of average_gradients (outside the TODOs; TODO 8 chooses its group).
 AVERAGE_CALL = "kit::all_reduce(flat, kit::ReduceOp::AVG, group);"
 
@@ -192,7 +194,15 @@ def first_step(run, rank, j, partial=False):
         if k == "step" or (k == "coll" and kv(fields).get("site") == j.average_site()):
             return out
         out.append((k, fields))
-    return out if partial else None
+    if not partial:
+        return None
+    # Stopped in the step: what completed. A receive is traced when it is posted, before the
+    # action that needs it; an action when it ends, and its sends after it. Up to the last
+    # action and the sends that follow it.
+    end = max((i for i, (k, _) in enumerate(out) if k == "pp"), default=-1) + 1
+    while end < len(out) and out[end][0] == "p2p" and kv(out[end][1]).get("kind") == "send":
+        end += 1
+    return out[:end]
 
 
 def actions(events):
@@ -259,8 +269,15 @@ class Judge:
         # into. The pieces are TODO 5's.
         if PIECES in text:
             named = LABELS["micro"]
+        # Ranks that each waited in vain (a message or a collective that never came): the
+        # earliest TODO among their lines is where the ranks parted.
+        waited = [self.todo_of(f"{m.group(1)}:{m.group(2)}")
+                  for m in TIMED_OUT.finditer(run.stderr)]
+        waited = sorted((int(t) for t in waited if t and t.isdigit()))
+        if waited:
+            named = str(waited[0])
         # An undefined gradient to send back: the received input had no requires_grad_ (TODO 3).
-        if named == LABELS["backward"] and re.search(r"undefined|not defined", text, re.I):
+        if named == LABELS["backward"] and re.search(r"undefined|not defined|was given no tensor", text, re.I):
             named = LABELS["forward"]
             text += " (the input received in the forward has no gradient: it needs requires_grad_)"
         # Stopped in average_gradients' all-reduce: the group TODO 8 gave it (the stages of a
@@ -438,6 +455,53 @@ def judge_micro(e, run, lay, j):
     e.unreached("micro", f"{describe_run(e.name)} stopped before its first training step ended")
 
 
+def waiting_in(run, rank, j):
+    """The action a rank that stopped was waiting to start: from its last receive, posted and
+    never followed by an action (the trainer's tags: (chunk x micro-batches + micro-batch) x 2,
+    + 1 for a gradient, of the chunk that sends). [] when it waits for nothing."""
+    events = run.traces.get(rank, [])
+    last_action = max((i for i, (k, _) in enumerate(events) if k == "pp"), default=-1)
+    recvs = [kv(f) for k, f in events[last_action + 1:] if k == "p2p" and kv(f).get("kind") == "recv"]
+    if not recvs or not recvs[-1].get("tag", "").isdigit():
+        return []
+    tag = int(recvs[-1]["tag"])
+    sender, micro = divmod(tag // 2, MICRO)
+    return [f"{sender - 1}B{micro}"] if tag % 2 else [f"{sender + 1}F{micro}"]
+
+
+def waits_for_nothing(run, lay, j):
+    """A rank of a stopped run whose last receive asks for a message that feeds none of its
+    chunks (a wrong tag: it never comes), as (concept, sentence), or None."""
+    for r in range(run.ranks):
+        action = waiting_in(run, r, j)
+        if not action:
+            continue
+        chunk = int(re.match(r"-?\d+", action[0]).group(0))
+        if chunk not in lay.chunks(r):
+            events = run.traces.get(r, [])
+            recv = [kv(f) for k, f in events if k == "p2p" and kv(f).get("kind") == "recv"][-1]
+            concept = j.concept_of(recv.get("site", "")) or "forward"
+            return concept, (f"rank {r} waits in a receive with tag {recv.get('tag')} "
+                             f"({recv.get('site')}), which no message to its chunks "
+                             f"{show(lay.chunks(r))} carries: the tag names the chunk that sends, "
+                             "p.tag(kind, the sender's chunk, micro-batch)")
+    return None
+
+
+def order_broken(run, ref, lay, j):
+    """For a run that stopped: the first rank whose actions so far are not the start of the
+    schedule's list (a list that leaves out chunks waits forever), as a sentence, or ""."""
+    for r in range(run.ranks):
+        got = actions(first_step(run, r, j, partial=True) or []) + waiting_in(run, r, j)
+        want = actions(first_step(ref, r, j) or [])
+        if got and got != want[:len(got)]:
+            k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+            return (f"rank {r}'s first step runs {' '.join(got[:k + 1])} where the {lay.schedule} "
+                    f"schedule runs {' '.join(want[:k + 1])} (action {k + 1} differs; the list is "
+                    "p.schedule, kit::pp::actions)")
+    return ""
+
+
 def judge_order(e, run, ref, lay, j):
     """TODO 7: each rank's forwards and backwards of the first step in the order of the
     solution's run of the same flags (the schedule's list, kit::pp::actions)."""
@@ -539,40 +603,51 @@ def judge_numbers(e, run, lay, ref):
 def evidence_of(name, run, refs, j):
     """Everything `run` (one of MESHES) shows, TODO by TODO."""
     e, lay = Evidence(name), layout_of(name)
-    stopped_in = None
-    if run.failure():  # a stop in a TODO's line (or with its symptom) is that TODO's
-        todo, why = j.stop(run)
-        concept = next((c for c, label in LABELS.items() if label == todo), None)
-        if concept:
-            e.fail(concept, f"stopped: {why}")
-            stopped_in = int(todo)
+    failed = bool(run.failure())
     # Each TODO's structure is judged on the mesh and chunks the flags ask for, whatever the
     # student's mesh is (TODO 1's judgment): a missing TODO fails on its own evidence. A run that
     # stopped shows its messages up to the stop.
     judge_mesh(e, run, lay)
     judge_chunks(e, run, lay)
     judge_micro(e, run, lay, j)
-    judge_messages(e, run, lay, j, "forward", LABELS["forward"], partial=bool(run.failure()))
-    judge_messages(e, run, lay, j, "backward", LABELS["backward"], partial=bool(run.failure()))
+    judge_messages(e, run, lay, j, "forward", LABELS["forward"], partial=failed)
+    judge_messages(e, run, lay, j, "backward", LABELS["backward"], partial=failed)
+    lost = waits_for_nothing(run, lay, j) if failed else None
+    if lost:
+        e.fail(*lost)
+    broken = order_broken(run, refs["order-" + name], lay, j) if failed and not lost else ""
+    if broken:  # the order the ranks followed left them waiting for each other
+        e.fail("order", broken)
     judge_order(e, run, refs["order-" + name], lay, j)
     judge_group(e, run, j, "loss", lay.pipeline, "the rank's pipeline (the ranks of its stages)")
     if lay.dp > 1:
         judge_group(e, run, j, "dp", lay.dp_group, "the copies of the rank's stage, its dp group")
+    if failed:
+        # Where it stopped: the TODO whose line (or symptom) the error names. A message that never
+        # came is explained by a wrong list or a message not sent, if the trace shows one.
+        todo, why = j.stop(run)
+        concept = next((c for c, label in LABELS.items() if label == todo), None)
+        fails = lambda c: e.state.get(c, ("",))[0] == "fail"  # noqa: E731
+        explained = fails("order") or fails("forward") or fails("backward")
+        if concept in ("forward", "backward") and "timed out" in why and explained:
+            concept = None
+        if concept:
+            e.fail(concept, f"stopped: {why}")
+        # After the first TODO that failed, nothing this run shows is sure: its evidence stops
+        # early (the micro-batches and the order of a first step that ran to its end stand).
+        first = min((int(LABELS[c]) for c in LABELS if c != "destroy" and fails(c)), default=None)
+        complete = all(first_step(run, r, j) is not None for r in range(run.ranks))
+        for c in ("chunks", "forward", "loss", "backward", "dp", "micro", "order"):
+            label = int(LABELS[c])
+            if first is not None and label > first and not (complete and c in ("micro", "order")):
+                e.state[c] = ("unreached", f"{describe_run(name)} stopped: {why}")
+            elif (first is None or label < first) and c in ("forward", "loss", "backward", "dp") \
+                    and e.state.get(c, ("",))[0] != "fail":
+                e.state[c] = ("ok", "")  # its numbers are not there; the stop is a later TODO's
+        return e
     ref = refs["ref2" if lay.dp > 1 else "ref1"]
     if not ref.finished():
         e.unreached("loss", f"the solution's reference run failed: {ref.failure()}")
-        return e
-    if run.failure():
-        # Its numbers are not there. The TODOs before the one it stopped in have shown what they
-        # could (their messages, their groups): the stop is a later TODO's. The others wait.
-        todo, why = j.stop(run)
-        for c in ("forward", "loss", "backward", "dp", "micro", "order"):
-            if stopped_in and int(LABELS[c]) < stopped_in and c not in e.state:
-                e.ok(c)
-            elif stopped_in and int(LABELS[c]) < stopped_in and e.state[c][0] == "unreached":
-                e.state[c] = ("ok", "")
-            else:
-                e.unreached(c, f"{describe_run(name)} stopped: {why}")
         return e
     judge_numbers(e, run, lay, ref)
     return e
