@@ -60,6 +60,8 @@ FOLDERS = {
                 "the column- and row-parallel layers, attention with its heads split over tp and "
                 "its keys and values gathered over cp, the parallel Transformer LM, dropout's two "
                 "random streams",
+    "pipeline": "pipeline parallelism: the schedules (GPipe, 1F1B, interleaved 1F1B) as lists of "
+                "forwards and backwards per rank, their run on paper against the bubble's formula",
     "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
              "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
              "counting",
@@ -74,10 +76,12 @@ FOLDERS = {
 # one layer (data, models, perf) include none of the others.
 # parallel/ sits beside sharding/ (peers: neither includes the other): both split the training
 # over ranks, above ddp/ (whose DDP runs on a mesh's dp group) and below train/.
+# pipeline/ sits above parallel/: its stages run on the mesh's pp group, and may hold exercise 04's
+# tensor-parallel layers.
 # seq2seq/ sits beside train/: the capstone's model may be distributed every way (ddp/,
-# sharding/, parallel/), and neither it nor train/ includes the other.
+# sharding/, parallel/, pipeline/), and neither it nor train/ includes the other.
 LAYERS = {"runtime": 0, "data": 1, "models": 1, "perf": 1, "ddp": 2, "sharding": 3, "parallel": 3,
-          "train": 4, "seq2seq": 4}
+          "pipeline": 4, "train": 5, "seq2seq": 5}
 SEAM = "check/observe.h"          # includable from every folder
 SEAM_READS = {"check": {"runtime"}}  # check/'s sources format the runtime's types
 

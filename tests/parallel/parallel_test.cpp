@@ -140,6 +140,65 @@ TEST(Mesh, EachRankGetsItsCoordinatesAndGroupsAndATpAllReduceStaysInItsGroup) {
   EXPECT_EQ(m[3]->describe(), "rank 3 of 4: tp 1 of 2, cp 0 of 1, dp 1 of 2 (order tp-cp-dp)");
 }
 
+TEST(MeshLayout, PpLeftOutOfTheOrderIsTheSlowestOrNoDirectionAtAll) {
+  using G = std::vector<std::vector<int>>;
+  // pp 2 x dp 2 x tp 2 on 8 ranks, "tp-cp-dp": rank = tp + 2 dp + 4 pp; stage 0 on ranks 0..3.
+  auto l = kit::MeshLayout::make(8, 2, 1, "tp-cp-dp", 2);
+  EXPECT_EQ(l.order(), "tp-cp-dp-pp");
+  EXPECT_EQ(l.size("dp"), 2);
+  EXPECT_EQ(l.coord(6, "pp"), 1);
+  EXPECT_EQ(l.coord(6, "dp"), 1);
+  EXPECT_EQ(l.groups("pp"), (G{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(l.groups("dp"), (G{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));  // replicas of one stage
+  // Named in the order, pp goes where it is named: "pp-dp" puts a pipeline's stages side by side.
+  auto fast = kit::MeshLayout::make(4, 1, 1, "pp-tp-cp-dp", 2);
+  EXPECT_EQ(fast.groups("pp"), (G{{0, 1}, {2, 3}}));
+  // A pp of 1 left out is no direction: exercise 04's layout, order and groups.
+  auto none = kit::MeshLayout::make(4, 2, 1, "tp-cp-dp");
+  EXPECT_FALSE(none.has("pp"));
+  EXPECT_EQ(none.order(), "tp-cp-dp");
+  EXPECT_EQ(none.size("pp"), 1);
+  EXPECT_EQ(none.coord(3, "pp"), 0);
+  EXPECT_EQ(none.groups("pp"), (G{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(none.groups("dp-pp"), none.groups("dp"));
+  auto message = [](auto&& make) {
+    try {
+      make();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([] { kit::MeshLayout::make(6, 1, 1, "tp-cp-dp", 4); }),
+            "pp x tp x cp = 4 does not divide the 6 ranks (tp 1, cp 1, pp 4): the world must be "
+            "pp x dp x cp x tp ranks");
+  EXPECT_EQ(message([] { kit::MeshLayout::make(4, 1, 1, "tp-cp-dp", 0); }),
+            "tp, cp and pp must be at least 1 (tp 1, cp 1, pp 0)");
+  EXPECT_EQ(message([] { kit::MeshLayout::make(4, 1, 1, "tp-pp-cp-dp-pp", 2); }),
+            "order 'tp-pp-cp-dp-pp' must name tp, cp and dp once each (and pp at most once), "
+            "joined by '-', fastest-varying first (e.g. tp-cp-dp)");
+}
+
+TEST(Mesh, PpGroupsJoinTheStagesOfOnePipeline) {
+  auto m = meshes(4, {.pp = 2});  // dp 2 x pp 2: rank = dp + 2 pp
+  auto errors = on_ranks(4, [&](int r) {
+    kit::Mesh& mesh = *m[r];
+    EXPECT_EQ(mesh.pp_rank(), r / 2);
+    EXPECT_EQ(mesh.pp_size(), 2);
+    EXPECT_EQ(mesh.pp().ranks(), (std::vector<int>{r % 2, r % 2 + 2}));
+    EXPECT_EQ(mesh.dp().ranks(), (std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
+    auto x = torch::full({1}, static_cast<float>(r + 1));
+    mesh.pp().all_reduce(x, kit::ReduceOp::SUM);
+    EXPECT_EQ(x.item<float>(), r % 2 == 0 ? 4.0f : 6.0f);  // 1 + 3, 2 + 4
+  });
+  for (auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(m[3]->describe(), "rank 3 of 4: tp 0 of 1, cp 0 of 1, dp 1 of 2, pp 1 of 2 (order tp-cp-dp-pp)");
+  // Without pp the pipeline is the rank alone.
+  auto one = meshes(2, {});
+  EXPECT_EQ(one[1]->pp().ranks(), (std::vector<int>{1}));
+  EXPECT_EQ(one[1]->pp_size(), 1);
+}
+
 TEST(Mesh, BadInputIsOneLineNamingTheCaller) {
   auto world = kit::ProcessGroup::local_groups(4);
   std::vector<std::string> seen(4);

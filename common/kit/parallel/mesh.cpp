@@ -12,8 +12,9 @@
 namespace kit {
 namespace {
 
-// The directions of the grid. Exercise 05 adds "pp" here, and its size in MeshOptions.
-const std::vector<std::string> kDims = {"tp", "cp", "dp"};
+// The directions of the grid. pp (exercise 05) is one only where it is asked for: a pp of 1 left
+// out of the order is no direction at all, so exercise 04's meshes are what they were.
+const std::vector<std::string> kDims = {"tp", "cp", "dp", "pp"};
 // The groups every rank makes, in this order (every rank must make the same ones in the same
 // order: kit::new_group). NERSC's comm.py makes the same set.
 const std::vector<std::string> kGroups = {"tp", "cp", "dp", "tp-cp", "dp-cp"};
@@ -64,28 +65,41 @@ MeshLayout::MeshLayout(std::vector<std::string> dims, std::vector<int> sizes, in
                                 ", not the world size " + std::to_string(world_));
 }
 
-MeshLayout MeshLayout::make(int world_size, int tp, int cp, const std::string& order) {
-  const std::string flags = "(tp " + std::to_string(tp) + ", cp " + std::to_string(cp) + ")";
-  if (tp < 1 || cp < 1)
-    throw std::invalid_argument("tp and cp must be at least 1 " + flags);
-  if (world_size % (tp * cp) != 0)
-    throw std::invalid_argument("tp x cp = " + std::to_string(tp * cp) + " does not divide the " +
-                                std::to_string(world_size) + " ranks " + flags +
-                                ": the world must be dp x cp x tp ranks");
-  std::map<std::string, int> size_of = {{"tp", tp}, {"cp", cp}, {"dp", world_size / (tp * cp)}};
+MeshLayout MeshLayout::make(int world_size, int tp, int cp, const std::string& order, int pp) {
+  const std::string flags = "(tp " + std::to_string(tp) + ", cp " + std::to_string(cp) +
+                            (pp != 1 ? ", pp " + std::to_string(pp) : "") + ")";
+  if (tp < 1 || cp < 1 || pp < 1)
+    throw std::invalid_argument(std::string(pp != 1 ? "tp, cp and pp" : "tp and cp") +
+                                " must be at least 1 " + flags);
+  const int model = tp * cp * pp;
+  if (world_size % model != 0)
+    throw std::invalid_argument(
+        (pp != 1 ? "pp x tp x cp = " : "tp x cp = ") + std::to_string(model) +
+        " does not divide the " + std::to_string(world_size) + " ranks " + flags +
+        (pp != 1 ? ": the world must be pp x dp x cp x tp ranks" : ": the world must be dp x cp x tp ranks"));
+  std::map<std::string, int> size_of = {{"tp", tp}, {"cp", cp}, {"dp", world_size / model}, {"pp", pp}};
   auto names = split_dims(order);
+  // pp left out of the order is the slowest direction (Megatron's default, tp-cp-dp-pp: the
+  // stages, which send least, on different nodes), or no direction when it is 1.
+  if (std::find(names.begin(), names.end(), "pp") == names.end() && pp != 1) names.push_back("pp");
   std::set<std::string> seen;
   for (auto& n : names)
     if (!size_of.count(n) || !seen.insert(n).second) {
       seen.clear();
       break;
     }
-  if (seen.size() != kDims.size())
-    throw std::invalid_argument("order '" + order + "' must name tp, cp and dp once each, joined "
-                                "by '-', fastest-varying first (e.g. tp-cp-dp)");
+  if (seen.size() != names.size() || !seen.count("tp") || !seen.count("cp") || !seen.count("dp"))
+    throw std::invalid_argument("order '" + order + "' must name tp, cp and dp once each" +
+                                (pp != 1 || order.find("pp") != std::string::npos
+                                     ? std::string(" (and pp at most once)") : std::string()) +
+                                ", joined by '-', fastest-varying first (e.g. tp-cp-dp)");
   std::vector<int> sizes;
   for (auto& n : names) sizes.push_back(size_of[n]);
   return MeshLayout(names, sizes, world_size);
+}
+
+bool MeshLayout::has(const std::string& dim) const {
+  return std::find(dims_.begin(), dims_.end(), dim) != dims_.end();
 }
 
 int MeshLayout::index(const std::string& dim) const {
@@ -94,9 +108,12 @@ int MeshLayout::index(const std::string& dim) const {
   throw std::invalid_argument("kit::MeshLayout: no direction '" + dim + "' in " + order());
 }
 
-int MeshLayout::size(const std::string& dim) const { return sizes_[index(dim)]; }
+int MeshLayout::size(const std::string& dim) const {
+  return dim == "pp" && !has(dim) ? 1 : sizes_[index(dim)];
+}
 
 int MeshLayout::coord(int rank, const std::string& dim) const {
+  if (dim == "pp" && !has(dim)) return 0;
   const int i = index(dim);
   return rank / strides_[i] % sizes_[i];
 }
@@ -109,7 +126,8 @@ int MeshLayout::rank_at(const std::vector<int>& coords) const {
 
 std::vector<std::vector<int>> MeshLayout::groups(const std::string& dims) const {
   std::vector<bool> along(dims_.size(), false);
-  for (auto& d : split_dims(dims)) along[index(d)] = true;
+  for (auto& d : split_dims(dims))
+    if (d != "pp" || has(d)) along[index(d)] = true;  // a pp of 1 left out: along it is alone
   // Ranks whose coordinates off `dims` agree share a group; by construction each list is sorted,
   // and the groups come in the order of their smallest rank.
   std::map<std::vector<int>, size_t> which;
@@ -157,7 +175,7 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
   const std::string call = "kit::Mesh (" + site.str() + ")";
   auto world = group_or_world(world_ref.get(), "kit::Mesh", &site);
   try {
-    layout_ = MeshLayout::make(world->size(), o.tp, o.cp, o.order);
+    layout_ = MeshLayout::make(world->size(), o.tp, o.cp, o.order, o.pp);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(call + ": " + e.what());
   }
@@ -170,7 +188,9 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
   const std::string spans = layout_.tp_across_nodes(per_node);
   if (!spans.empty()) throw std::invalid_argument(call + ": " + spans);
   // Every rank makes every group, members or not, in one order (kit::new_group's rule).
-  for (const auto& dims : kGroups)
+  std::vector<std::string> made = kGroups;
+  if (layout_.has("pp")) made.push_back("pp");  // the stages of one pipeline: sends and receives
+  for (const auto& dims : made)
     for (const auto& ranks : layout_.groups(dims)) {
       auto g = world->new_group(ranks, site);
       if (g->is_member()) groups_.emplace_back(canonical(dims), g);
@@ -183,8 +203,8 @@ Mesh::Mesh(MeshOptions o, GroupRef world_ref, CallSite site)
   }
   world_ = world;
   std::string coords, members;
-  for (const char* d : {"tp", "cp", "dp"})
-    coords += std::string(d) + "=" + std::to_string(layout_.coord(rank_, d)) + "/" +
+  for (const char* d : {"tp", "cp", "dp", "pp"})
+    if (layout_.has(d)) coords += std::string(d) + "=" + std::to_string(layout_.coord(rank_, d)) + "/" +
               std::to_string(layout_.size(d)) + " ";
   for (const auto& [dims, g] : groups_) {
     std::string list;
@@ -198,8 +218,9 @@ ProcessGroup& Mesh::group(const std::string& dims) const {
   const std::string key = canonical(dims);
   for (auto& [name, g] : groups_)
     if (name == key) return *g;
-  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp; "
-                              "alone() for this rank only)");
+  if (key == "pp" && !layout_.has("pp")) return *alone_;  // one stage: the pipeline is this rank
+  throw std::invalid_argument("kit::Mesh::group: no group '" + dims + "' (tp, cp, dp, dp-cp, tp-cp, "
+                              "pp; alone() for this rank only)");
 }
 
 std::string Mesh::describe() const {
@@ -208,7 +229,8 @@ std::string Mesh::describe() const {
            std::to_string(layout_.size(d));
   };
   return "rank " + std::to_string(rank_) + " of " + std::to_string(layout_.world_size()) + ": " +
-         one("tp") + ", " + one("cp") + ", " + one("dp") + " (order " + layout_.order() + ")";
+         one("tp") + ", " + one("cp") + ", " + one("dp") +
+         (layout_.has("pp") ? ", " + one("pp") : "") + " (order " + layout_.order() + ")";
 }
 
 }  // namespace kit

@@ -31,12 +31,17 @@
 // each collective's group by its world ranks ("group=0,1"), so `kit check` can tell a tp
 // all-reduce on the world from one on the tp group.
 //
-// Pipeline parallelism (exercise 05) adds a direction: a size in MeshOptions and its name in the
-// directions (kDims in mesh.cpp), in `order` ("tp-cp-dp-pp") and in the groups made; MeshLayout
-// does the arithmetic for any number of directions.
+// Pipeline parallelism (exercise 05) adds a direction, pp: which stage of the model a rank runs.
+//   pp()    the ranks of one pipeline, one per stage: the activations and their gradients go
+//           from one to the next by send and receive (kit/pipeline/). dp() stays within a stage:
+//           DDP averages over the replicas of one stage.
+// Left out of `order`, pp is the slowest direction ("tp-cp-dp" with pp 2 is "tp-cp-dp-pp", as
+// Megatron's default): the stages, which send least, go to different nodes. A pp of 1 left out of
+// the order is no direction at all (the layout, its order, describe() and the trace are exercise
+// 04's), and pp() is then alone().
 //
-// Refused, one line naming the caller's line (std::invalid_argument): tp or cp below 1, tp x cp
-// not dividing the world size, an order that does not name each direction once, and a tp group
+// Refused, one line naming the caller's line (std::invalid_argument): tp, cp or pp below 1,
+// pp x tp x cp not dividing the world size, an order that does not name each direction once, and a tp group
 // that would span nodes (ranks per node from the rank environment, kit/runtime/env.h:
 // LOCAL_WORLD_SIZE or Slurm's tasks per node; ranks placed on nodes in blocks, as ddprun and
 // Slurm's default distribution place them). The model checks what the mesh cannot see (heads,
@@ -55,7 +60,8 @@ namespace kit {
 struct MeshOptions {
   int tp = 1;  // tensor parallel: ranks that split each layer
   int cp = 1;  // context parallel: ranks that split each sequence
-  // dp is what is left: world size / (tp x cp).
+  int pp = 1;  // pipeline parallel: stages the model is cut into, one rank each
+  // dp is what is left: world size / (tp x cp x pp).
   std::string order = "tp-cp-dp";  // fastest-varying direction first (see above)
   // Ranks on one node, for the check that no tp group spans two; 0: from the rank environment
   // (kit::read_rank_env().local_world_size, which is the whole world under ddprun on one node).
@@ -69,12 +75,13 @@ class MeshLayout {
   // `dims`: the directions' names, fastest-varying first; `sizes`: theirs, whose product must be
   // `world_size`. Throws std::invalid_argument (one line) otherwise.
   MeshLayout(std::vector<std::string> dims, std::vector<int> sizes, int world_size);
-  // dp x cp x tp over `world_size` ranks in `order` (MeshOptions); throws as the Mesh does.
-  static MeshLayout make(int world_size, int tp, int cp, const std::string& order);
+  // pp x dp x cp x tp over `world_size` ranks in `order` (MeshOptions); throws as the Mesh does.
+  static MeshLayout make(int world_size, int tp, int cp, const std::string& order, int pp = 1);
 
   int world_size() const { return world_; }
   const std::vector<std::string>& dims() const { return dims_; }
-  int size(const std::string& dim) const;          // a direction's size
+  bool has(const std::string& dim) const;          // pp: only where it was asked for
+  int size(const std::string& dim) const;          // a direction's size (pp: 1 where it has none)
   int coord(int rank, const std::string& dim) const;  // a rank's coordinate along it
   int rank_at(const std::vector<int>& coords) const;  // coords in dims() order -> the world rank
   // Every group along `dims` ("tp", or several joined by '-': "dp-cp"): the lists of world ranks
@@ -107,12 +114,15 @@ class Mesh {
   int tp_rank() const { return layout_.coord(rank_, "tp"); }
   int cp_rank() const { return layout_.coord(rank_, "cp"); }
   int dp_rank() const { return layout_.coord(rank_, "dp"); }
+  int pp_size() const { return layout_.size("pp"); }
+  int pp_rank() const { return layout_.coord(rank_, "pp"); }  // this rank's stage
 
   ProcessGroup& tp() const { return group("tp"); }
   ProcessGroup& cp() const { return group("cp"); }
   ProcessGroup& dp() const { return group("dp"); }
   ProcessGroup& dp_cp() const { return group("dp-cp"); }
   ProcessGroup& tp_cp() const { return group("tp-cp"); }
+  ProcessGroup& pp() const { return group("pp"); }
   ProcessGroup& alone() const { return *alone_; }
   ProcessGroup& world() const { return *world_; }  // the group the mesh splits
   // This rank's group along `dims`, one of those above (any order of the names: "cp-dp" too).

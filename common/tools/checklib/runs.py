@@ -27,6 +27,10 @@ PLACEMENT = None
 COLLECTIVE_TIMEOUT = "30"
 
 
+# The trainer's refusal of a rendezvous port another process holds (kit/runtime/process.cpp).
+PORT_TAKEN = re.compile(r"MASTER_PORT \d+ on \S+ is already in use")
+
+
 class Run:
     """One launch of a trainer: its exit code, per-rank logs and per-rank traces.
 
@@ -65,12 +69,22 @@ class Run:
         else:
             if layout == "node":
                 cmd = [ddprun, "--nproc-per-node", str(self.ranks), "--log-dir", log_dir, "--"] + cmd
-            try:
-                p = subprocess.run(cmd, env=env, cwd=self.dir, capture_output=True, text=True,
-                                   timeout=RUN_TIMEOUT)
-                self.code, self.stdout, self.stderr = p.returncode, p.stdout, p.stderr
-            except subprocess.TimeoutExpired:
-                self.code, self.stdout, self.stderr = -1, "", f"timed out after {RUN_TIMEOUT} s"
+            for attempt in range(3):
+                try:
+                    p = subprocess.run(cmd, env=env, cwd=self.dir, capture_output=True, text=True,
+                                       timeout=RUN_TIMEOUT)
+                    self.code, self.stdout, self.stderr = p.returncode, p.stdout, p.stderr
+                except subprocess.TimeoutExpired:
+                    self.code, self.stdout, self.stderr = -1, "", f"timed out after {RUN_TIMEOUT} s"
+                # ddprun picks a free port and the ranks bind it a moment later: another run
+                # started at the same time (a check launches several) may take it in between.
+                # The trainer then refuses it at setup, before it writes anything to its out-dir;
+                # the run starts again with fresh traces and logs.
+                if layout != "node" or self.code == 0 or not PORT_TAKEN.search(self.stderr):
+                    break
+                for d in (trace_dir, log_dir):
+                    shutil.rmtree(d, ignore_errors=True)
+                    os.makedirs(d)
             if layout == "alone":
                 with open(os.path.join(log_dir, "rank0.log"), "w") as f:
                     f.write(self.stdout + self.stderr)
