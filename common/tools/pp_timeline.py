@@ -23,7 +23,10 @@ forward and no backward: receives, sends, the loss, Python-free glue, and waitin
 (the bubble). The first --skip steps (default 1) are the warm-up (allocations, first-touch
 pages) and are not measured. The measured idle fraction is the sum of idle rank-time over
 (ranks x frame), the same definition as kit::pp::simulate's on paper, whose exact value for whole
-rounds is the formula.
+rounds is the formula. Beside it, the replay: the same actions with their measured durations,
+each started as soon as its rank is free and its input exists, messages free (simulate's rule):
+the idle that the schedule and unequal stages explain; what the measured idle has beyond it is
+messages, the glue between actions, and other processes on the machine.
 
 `draw` prints, per measured step, each rank's idle fraction and the whole step's, and their mean,
 next to the formula; writes the SVG (one step, --draw-step, default the first measured one: the
@@ -125,6 +128,41 @@ def busy_union(intervals, lo, hi):
     return total
 
 
+def replay(actions, chunks):
+    """The idle fraction of the same actions with their measured durations, each started as soon
+    as its rank is free and its input exists, messages free: kit::pp::simulate with real costs.
+    What the schedule and the stages' unequal times cost; the rest of the measured idle is the
+    messages, the glue between actions and the machine. None for pp x dp runs (a chunk on
+    several ranks)."""
+    owners = {}
+    for r, acts in actions.items():
+        for a in acts:
+            owners.setdefault(a[1], set()).add(r)
+    if any(len(o) > 1 for o in owners.values()):
+        return None
+    end, free, at = {}, {r: 0 for r in actions}, {r: 0 for r in actions}
+    busy, left = 0, sum(len(a) for a in actions.values())
+    while left:
+        moved = False
+        for r, acts in actions.items():
+            if at[r] == len(acts):
+                continue
+            kind, c, mb, t0, t1 = acts[at[r]]
+            need = (None if c == 0 else ("F", c - 1, mb)) if kind == "F" else \
+                (("F", c, mb) if c == chunks - 1 else ("B", c + 1, mb))
+            if need is not None and need not in end:
+                continue
+            start = max(free[r], end[need] if need else 0)
+            free[r] = end[(kind, c, mb)] = start + (t1 - t0)
+            busy += t1 - t0
+            at[r] += 1
+            left -= 1
+            moved = True
+        if not moved:
+            return None
+    return 1 - busy / (len(actions) * max(max(free.values()), 1))
+
+
 def measure(ranks, skip=1):
     """The run's steps and idle fractions. Returns a dict: p, v, m, formula, steps (each: frame
     (t0, t1), per-rank idle fraction, overall idle fraction, per-rank actions), measured (the
@@ -145,12 +183,14 @@ def measure(ranks, skip=1):
         idle = {r: 1 - busy_union([(a[3], a[4]) for a in acts], lo, hi) / length
                 for r, acts in actions.items()}
         steps.append({"frame": (lo, hi), "idle": idle, "overall": sum(idle.values()) / len(idle),
-                      "actions": actions})
+                      "actions": actions, "replay": replay(actions, p * v)})
     measured = list(range(min(skip, count - 1), count))
     return {
         "p": p, "v": v, "m": m, "formula": formula(p, v, m), "steps": steps, "measured": measured,
         "idle": statistics.mean(steps[k]["overall"] for k in measured),
         "idle_per_rank": {r: statistics.mean(steps[k]["idle"][r] for k in measured) for r in ranks},
+        "replay": None if any(steps[k]["replay"] is None for k in measured)
+        else statistics.mean(steps[k]["replay"] for k in measured),
     }
 
 
@@ -164,13 +204,18 @@ def report(result, out=sys.stdout):
     for k in measured:
         s = steps[k]
         per = " ".join(f"r{r} {s['idle'][r]:.3f}" for r in sorted(s["idle"]))
+        rep = f", replayed {s['replay']:.3f}" if s["replay"] is not None else ""
         print(f"  step {k + 1}: {(s['frame'][1] - s['frame'][0]) / 1000:.1f} ms, idle {per} | "
-              f"all {s['overall']:.3f}", file=out)
+              f"all {s['overall']:.3f}{rep}", file=out)
     per = " ".join(f"r{r} {x:.3f}" for r, x in sorted(result["idle_per_rank"].items()))
     print(f"mean idle per rank: {per}", file=out)
     print(f"idle fraction measured {result['idle']:.3f}, formula (p-1)/(v m+p-1) = "
           f"{p - 1}/{v * m + p - 1} = {f:.3f} (measured/formula {result['idle'] / f:.2f})"
           if f > 0 else f"idle fraction measured {result['idle']:.3f}, formula 0 (p = 1)", file=out)
+    if result["replay"] is not None:
+        print(f"the same actions replayed with their measured durations, messages free: idle "
+              f"{result['replay']:.3f} (the schedule and the stages' unequal times; the rest of "
+              "the measured idle is messages, glue and the machine)", file=out)
 
 
 # --- drawing -----------------------------------------------------------------------------------
@@ -313,7 +358,7 @@ def sweep(args, trainer_flags):
     for spec in args.configs.split(","):
         schedule, p, v, m = spec.split(":")
         p, v, m = int(p), int(v), int(m)
-        values = []
+        values, replays = [], []
         for rep in range(args.repeats):
             run = os.path.join(args.work, f"{schedule}-p{p}-v{v}-m{m}-{rep}")
             shutil.rmtree(run, ignore_errors=True)
@@ -332,19 +377,22 @@ def sweep(args, trainer_flags):
                 return 1
             result = measure(read_traces(trace), args.skip)
             values.append(result["idle"])
+            replays.append(result["replay"])
             step_ms = statistics.median((s["frame"][1] - s["frame"][0]) / 1000
                                         for s in (result["steps"][k] for k in result["measured"]))
             print(f"{spec} repeat {rep}: idle {result['idle']:.3f}, step {step_ms:.0f} ms, "
                   f"load average {load:.1f} before", flush=True)
         f = formula(p, v, m)
         med = statistics.median(values)
-        rows.append((schedule, p, v, m, f, med, min(values), max(values)))
+        rows.append((schedule, p, v, m, f, med, min(values), max(values),
+                     statistics.median(replays) if None not in replays else float("nan")))
     print(f"\n{'schedule':<12} {'p':>2} {'v':>2} {'m':>3}  {'formula':>7}  {'measured':>8}  "
-          f"{'min':>5}-{'max':<5}  {'meas/formula':>12}  within 10%")
-    for schedule, p, v, m, f, med, lo, hi in rows:
+          f"{'min':>5}-{'max':<5}  {'meas/formula':>12}  within 10%  {'replayed':>8}")
+    for schedule, p, v, m, f, med, lo, hi, rep in rows:
         ok = "yes" if abs(med - f) <= 0.1 * f else "no"
         print(f"{schedule:<12} {p:>2} {v:>2} {m:>3}  {f:>7.3f}  {med:>8.3f}  {lo:.3f}-{hi:.3f}  "
-              f"{med / f:>12.2f}  {ok}")
+              f"{med / f:>12.2f}  {ok:<10}  {rep:>8.3f}")
+    print("replayed: the same actions with their measured durations, messages free (median)")
     print(f"measured: median (min-max) over {args.repeats} runs of each run's mean idle fraction "
           f"over steps {args.skip + 1}-{args.steps} (the first {args.skip}: warm-up, left out); "
           f"OMP_NUM_THREADS=1; trainer flags: {' '.join(trainer_flags)}")

@@ -56,6 +56,14 @@ def main():
         expect(abs(s2["idle"][0] - 30 / 90) < 1e-12 and abs(s2["idle"][1] - 35 / 90) < 1e-12,
                "step 2's idle per rank 30/90 and 35/90", s2["idle"])
         expect(abs(s2["overall"] - 65 / 180) < 1e-12, "step 2's idle overall 65/180", s2["overall"])
+        # Replayed with its durations, each action as soon as its input exists: step 2 has no
+        # gap that its dependencies do not explain, so the replay is the step itself.
+        expect(abs(s2["replay"] - 65 / 180) < 1e-12, "step 2 replayed: 65/180", s2["replay"])
+        # A message that took 10: 1F0 starts at 20, not 10. Measured idle 80/140; replayed with
+        # messages free the step is 60 long, 60 of 120 busy.
+        gap = {0: [("F", 0, 0, 0, 10), ("B", 0, 0, 50, 70)], 1: [("F", 1, 0, 20, 30), ("B", 1, 0, 30, 50)]}
+        expect(abs(pp_timeline.replay(gap, 2) - 0.5) < 1e-12, "a late message: replayed idle 1/2",
+               pp_timeline.replay(gap, 2))
         want = (65 / 180 + 60 / 180) / 2
         expect(abs(res["idle"] - want) < 1e-12, f"mean idle over steps 2-3 = {want:.6f}", res["idle"])
         expect(abs(res["idle_per_rank"][1] - (35 + 30) / 90 / 2) < 1e-12, "rank 1's mean idle",
