@@ -209,6 +209,14 @@ def report(result, out=sys.stdout):
               f"all {s['overall']:.3f}{rep}", file=out)
     per = " ".join(f"r{r} {x:.3f}" for r, x in sorted(result["idle_per_rank"].items()))
     print(f"mean idle per rank: {per}", file=out)
+    # Unequal stages (the last has the output layer and the loss) and a busy machine (an action
+    # stretched by other processes) both grow the bubble beyond the formula's equal stages.
+    for r in sorted(result["idle_per_rank"]):
+        acts = [a for k in measured for a in steps[k]["actions"][r]]
+        ms = {kind: [(a[4] - a[3]) / 1000 for a in acts if a[0] == kind] for kind in "FB"}
+        print(f"  rank {r}: forward {statistics.median(ms['F']):.1f} ms "
+              f"({min(ms['F']):.1f}-{max(ms['F']):.1f}), backward {statistics.median(ms['B']):.1f} ms "
+              f"({min(ms['B']):.1f}-{max(ms['B']):.1f}) (median, min-max)", file=out)
     print(f"idle fraction measured {result['idle']:.3f}, formula (p-1)/(v m+p-1) = "
           f"{p - 1}/{v * m + p - 1} = {f:.3f} (measured/formula {result['idle'] / f:.2f})"
           if f > 0 else f"idle fraction measured {result['idle']:.3f}, formula 0 (p = 1)", file=out)
