@@ -67,6 +67,8 @@ def kv(fields):
 def read_traces(trace_dir):
     """{rank: {"pp": [(kind, chunk, micro, t0, t1)], "wait": [(kind, peer, t0, t1)]}}, in the
     order each rank recorded them."""
+    if not os.path.isdir(trace_dir):
+        raise SystemExit(f"pp_timeline: {trace_dir} is not a folder (give the run's KIT_TRACE_DIR)")
     ranks = {}
     for name in os.listdir(trace_dir):
         m = re.fullmatch(r"rank(\d+)\.trace", name)
@@ -171,6 +173,9 @@ def measure(ranks, skip=1):
     p, v, m = shape_of(ranks)
     per_rank = {r: training_steps(d["pp"], v, m) for r, d in ranks.items()}
     count = min(len(s) for s in per_rank.values())
+    if count != max(len(s) for s in per_rank.values()):  # a rank's trace cut short (a crash)
+        print("note: training steps per rank " + ", ".join(
+            f"r{r} {len(s)}" for r, s in sorted(per_rank.items())) + f": the first {count} used")
     if count == 0:
         raise SystemExit("pp_timeline: some rank has no complete training step (2 v m forwards "
                          "and backwards) in its trace")
