@@ -5,7 +5,7 @@ fraction next to the formula (p - 1) / (v m + p - 1).
   pp_timeline.py draw TRACE_DIR [--svg OUT.svg] [--json OUT.json] [--skip 1] [--draw-step K]
                  [--label "1F1B, d 256"]
   pp_timeline.py sweep --trainer ex05-solution --ddprun ddprun --make-corpus make_corpus
-                 --work DIR [--configs 1f1b:4:1:4,1f1b:4:1:8 ...] [--repeats 3] [--steps 5]
+                 --work DIR [--configs 1f1b:2:1:8,gpipe:4:1:16,...] [--repeats 3] [--steps 5]
                  [--skip 1] [-- TRAINER FLAGS]
 
 TRACE_DIR is a run's KIT_TRACE_DIR: one rank<N>.trace per rank (common/kit/check/trace.h). What
@@ -19,13 +19,14 @@ The shape comes from the trace: p * v = the number of chunks, v = the chunks of 
 micro-batches. A training step of a rank is its 2 v m forwards and backwards in a row (the
 evaluation's forwards have no backward and are left out). Step k's frame runs from the first
 rank's first action to the last rank's last action; a rank is idle in it whenever it runs no
-forward and no backward: receives, sends, the loss, Python-free glue, and waiting for its peers
+forward and no backward: receives, sends, the glue between actions, and waiting for its peers
 (the bubble). The first --skip steps (default 1) are the warm-up (allocations, first-touch
 pages) and are not measured. The measured idle fraction is the sum of idle rank-time over
 (ranks x frame), the same definition as kit::pp::simulate's on paper, whose exact value for whole
 rounds is the formula. Beside it, the replay: the same actions with their measured durations,
 each started as soon as its rank is free and its input exists, messages free (simulate's rule):
-the idle that the schedule and unequal stages explain; what the measured idle has beyond it is
+the idle that the schedule and the actions' measured times (unequal stages, actions stretched
+by other processes) explain; what the measured idle has beyond it is
 messages, the glue between actions, and other processes on the machine.
 
 `draw` prints, per measured step, each rank's idle fraction and the whole step's, and their mean,
