@@ -32,6 +32,9 @@
 #  8. exercise 04 with NCCL: tp 1 on one GPU, then, with 2 GPUs, tp 2 and cp 2, with 4, tp 4 (one
 #     rank a GPU, dropout 0): each run's final test loss must be tp 1's (ex04-gpu.txt, the logs
 #     ex04-*.log).
+#  9. exercise 05 with NCCL: pp 1 on one GPU, then, with 2 GPUs, pp 2 under gpipe, 1f1b and
+#     interleaved, with 4, pp 4 (one rank a GPU, dropout 0): each run's final test loss must be
+#     pp 1's (ex05-gpu.txt, the logs ex05-*.log).
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
@@ -175,7 +178,7 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
 fi
 grep -E '(^-- |^  )kit: ' "$RESULTS/configure.log" | sed 's/^ *-* *//' || true
 
-targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ex04-solution ddprun make_corpus corpus)
+targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solution ex04-solution ex05-solution ddprun make_corpus corpus)
 # Exercise 06, where the configure step found HDF5 (its targets exist only then).
 if grep -q 'HDF5 not found' "$RESULTS/configure.log"; then
   say "HDF5 not found: exercise 06 is not built here (Debian: libhdf5-dev; a module: cray-hdf5, HDF5)"
@@ -269,13 +272,24 @@ fi
 # Each run on 1 GPU a rank (--dropout 0: tp's parallel regions draw their own dropout numbers, so
 # only without dropout is tp N the very run of tp 1). Every rank must print the same final test
 # loss as tp 1 on one GPU, within 2 units of its last digit (rules/ex04.py's LOSS_TOL).
-ex04_loss() {  # NAME RANKS FLAGS...: the run's final test loss, or nothing
-  local name=$1 ranks=$2
-  shift 2
-  "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/ex04-solution" \
-      --data-dir "$BUILD/data/wikitext-2" --out-dir "$BUILD/ex04-gpu/$name" --epochs 1 \
-      --max-steps 20 --heads 4 --dropout 0 "$@" >"$RESULTS/ex04-$name.log" 2>&1 || return 0
-  sed -n 's/^final test loss \([0-9.]*\).*/\1/p' "$RESULTS/ex04-$name.log" | head -n 1
+solution_loss() {  # EX NAME RANKS FLAGS...: exercise EX's solution's final test loss, or nothing
+  local ex=$1 name=$2 ranks=$3
+  shift 3
+  "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/$ex-solution" \
+      --data-dir "$BUILD/data/wikitext-2" --out-dir "$BUILD/$ex-gpu/$name" --epochs 1 \
+      --max-steps 20 --heads 4 --dropout 0 "$@" >"$RESULTS/$ex-$name.log" 2>&1 || return 0
+  sed -n 's/^final test loss \([0-9.]*\).*/\1/p' "$RESULTS/$ex-$name.log" | head -n 1
+}
+same_loss() {  # EX NAME RANKS BASE FLAGS...: one line, "equal" or FAILED, for the run against BASE
+  local ex=$1 name=$2 ranks=$3 base=$4 got
+  shift 4
+  got=$(solution_loss "$ex" "$name" "$ranks" "$@")
+  if [ -n "$got" ] && [ -n "$base" ] &&
+      awk -v a="$got" -v b="$base" 'BEGIN { d = a - b; exit !(d <= 2e-5 && d >= -2e-5) }'; then
+    echo "$name on $ranks GPUs: final test loss $got: equal to the one-GPU run's"
+  else
+    echo "$name on $ranks GPUs: final test loss ${got:-none (see $ex-$name.log)}, one GPU's ${base:-none}: FAILED"
+  fi
 }
 if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
   say "exercise 04 not run on the GPU (no GPU or no CUDA torch)" | tee "$RESULTS/ex04-gpu.txt"
@@ -284,7 +298,7 @@ else
   say "exercise 04 on the GPUs: tp and cp with NCCL against tp 1 (dropout 0)"
   {
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ), GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
-    base=$(ex04_loss tp1 1)
+    base=$(solution_loss ex04 tp1 1)
     echo "tp 1 on 1 GPU: final test loss ${base:-none (see ex04-tp1.log): FAILED}"
     runs=()
     [ "$gpus" -ge 2 ] && runs+=("tp2 2 --tp 2" "cp2 2 --cp 2")
@@ -292,17 +306,38 @@ else
     for r in "${runs[@]}"; do
       read -r name ranks flags <<<"$r"
       # shellcheck disable=SC2086  # the flags split into words
-      got=$(ex04_loss "$name" "$ranks" $flags)
-      if [ -n "$got" ] && [ -n "$base" ] &&
-          awk -v a="$got" -v b="$base" 'BEGIN { d = a - b; exit !(d <= 2e-5 && d >= -2e-5) }'; then
-        echo "$name on $ranks GPUs: final test loss $got: equal to tp 1's"
-      else
-        echo "$name on $ranks GPUs: final test loss ${got:-none (see ex04-$name.log)}, tp 1's ${base:-none}: FAILED"
-      fi
+      same_loss ex04 "$name" "$ranks" "$base" $flags
     done
     [ "$gpus" -ge 2 ] || echo "tp 2 and cp 2 need 2 GPUs (one rank a GPU): not run on $gpus"
   } 2>&1 | tee "$RESULTS/ex04-gpu.txt"  # a subshell: its verdict is read from the file
   grep -q FAILED "$RESULTS/ex04-gpu.txt" && status=1
+fi
+
+# --- exercise 05 on the GPUs: pipeline parallelism with NCCL ---------------------------------------
+# pp 1 on one GPU, then, with 2 GPUs, pp 2 under each schedule, with 4, pp 4 (one rank a GPU, 4
+# blocks, dropout 0): every run's final test loss must be pp 1's (ex05-gpu.txt, the logs
+# ex05-*.log). Its sends and receives are NCCL's point to point: two ranks never share a GPU.
+if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "exercise 05 not run on the GPU (no GPU or no CUDA torch)" | tee "$RESULTS/ex05-gpu.txt"
+else
+  rm -rf "$BUILD/ex05-gpu"
+  say "exercise 05 on the GPUs: pipelines with NCCL against pp 1 (dropout 0)"
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ), GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    base=$(solution_loss ex05 pp1 1 --layers 4)
+    echo "pp 1 on 1 GPU: final test loss ${base:-none (see ex05-pp1.log): FAILED}"
+    runs=()
+    [ "$gpus" -ge 2 ] && runs+=("pp2-1f1b 2 --pp 2" "pp2-gpipe 2 --pp 2 --schedule gpipe"
+                                "pp2-interleaved 2 --pp 2 --schedule interleaved --chunks 2")
+    [ "$gpus" -ge 4 ] && runs+=("pp4 4 --pp 4")
+    for r in "${runs[@]}"; do
+      read -r name ranks flags <<<"$r"
+      # shellcheck disable=SC2086  # the flags split into words
+      same_loss ex05 "$name" "$ranks" "$base" --layers 4 $flags
+    done
+    [ "$gpus" -ge 2 ] || echo "pipelines need 2 GPUs (one rank a GPU): not run on $gpus"
+  } 2>&1 | tee "$RESULTS/ex05-gpu.txt"
+  grep -q FAILED "$RESULTS/ex05-gpu.txt" && status=1
 fi
 
 say "results in $RESULTS"
