@@ -153,6 +153,42 @@ MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of (\
                        r"(\d+) \(order ([a-z-]+)\)\s*$", re.M)
 
 
+# Exercise 05's line, with its pp coordinate (kit::Mesh::describe() with pp; rules/ex05.py reads it).
+PP_MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of (\d+), dp (\d+) "
+                          r"of (\d+), pp (\d+) of (\d+) \(order ([a-z-]+)\)\s*$", re.M)
+
+
+def judge_pp(jobs):
+    """Exercise 05's job TODO: --pp is the nodes of the job, so that each node holds one stage
+    (its GPUs the copies of that stage). From each rank's mesh line and the node Slurm started
+    it on: the ranks of one node are all of one stage, and there are as many stages as nodes."""
+    why = []
+    for job in jobs:
+        if job.state != "COMPLETED":
+            if "kit::Mesh" in job.err:  # the mesh refused the flags (pp not dividing the world)
+                why.append(f"{job.label()}: {job.why_failed()}")
+            continue  # else judge_all says why
+        node = {int(t.get("SLURM_PROCID", -1)): t.get("SLURMD_NODENAME", "?") for t in job.tasks}
+        lines = {int(m.group(1)): m.groups() for m in PP_MESH_LINE.finditer(job.out)}
+        if not lines:
+            why.append(f"{job.label()}: no rank printed a mesh line with its stage (\"rank R of W: "
+                       "..., pp s of P (order O)\"): the trainer ran without --pp")
+            continue
+        pp = int(next(iter(lines.values()))[9])
+        stages = {}
+        for r, g in lines.items():
+            stages.setdefault(node.get(r, "?"), set()).add(int(g[8]))
+        mixed = sorted(n for n, s in stages.items() if len(s) > 1)
+        if mixed:
+            why.append(f"{job.label()}: node {mixed[0]} holds ranks of stages "
+                       f"{', '.join(map(str, sorted(stages[mixed[0]])))}: activations would cross "
+                       "inside a node while the stages' copies average their gradients across nodes")
+        elif pp != len(stages):
+            why.append(f"{job.label()}: --pp {pp} on {len(stages)} node(s): a stage per node is "
+                       "--pp \"$SLURM_JOB_NUM_NODES\"")
+    return why
+
+
 def judge_tp(jobs):
     """Exercise 04's job TODO: --tp is the GPUs (tasks) of a node, so that each tp group is one
     node's ranks. From each rank's mesh line ("rank R of W: tp a of T, ...", kit::Mesh::describe)
@@ -203,6 +239,13 @@ def judge(labels, written, reshaped, node_gpus, node_source="", again=""):
     v = Verdicts(labels)
     jobs = [j for j in (written, reshaped) if j is not None]
     one = reshaped is None
+    if "pp" in labels:  # exercise 05: the rest of its job script is ready-made, as exercise 04's
+        v.add("pp", not (why := judge_pp(jobs)), "--pp is the nodes of the job: each node holds "
+              "one stage", "; ".join(why))
+        v.add("all", not (why := judge_all(jobs)),
+              "the job completes and prints the final test loss" if one else
+              "both jobs complete and print the final test loss", "; ".join(why))
+        return v
     if "tp" in labels:  # exercise 04: the rest of its job script is ready-made, not its TODOs
         v.add("tp", not (why := judge_tp(jobs)), "--tp is the GPUs of a node: each tp group is "
               "one node's ranks", "; ".join(why))

@@ -42,7 +42,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from checklib import collectives, compare, engine, judges, stops
+from checklib import collectives, compare, engine, job_judge, judges, stops
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -76,8 +76,8 @@ PLACES = {"init": ("kit::pp::whole_model(", "the line that creates the model"),
           "update": ("torch::optim::AdamW optimizer(", "the line that creates the optimizer"),
           "checkpoint": ("checkpoints.save_sharded(", "the checkpoints' save"),
           "final": ("evaluate(pipe, test_loader", "the final evaluation")}
-MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp 0 of 1, cp 0 of 1, dp (\d+) of (\d+)"
-                       r"(?:, pp (\d+) of (\d+))? \(order ([a-z-]+)\)\s*$", re.M)
+# "rank R of W: tp 0 of 1, cp 0 of 1, dp d of D, pp s of P (order O)" (the job's check reads it too)
+MESH_LINE = job_judge.PP_MESH_LINE
 HELD = re.compile(r"^rank (\d+) holds chunks ([0-9,]+): (\d+) parameters\s*$", re.M)
 # What the trainer throws when the schedule asks for a micro-batch the batch was not cut into
 # (TODO 5's pieces against TODO 7's order).
