@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   const int micro = static_cast<int>(kit::flag_int(
       "--micro-batches", kit::take_flag(argc, argv, "--micro-batches", "4", "M: micro-batches per batch (default 4)"), 1));
   const bool print_schedule =
-      kit::take_flag(argc, argv, "--print-schedule", "", "print each stage's forwards and backwards and their grid, then train") == "1";
+      kit::take_flag(argc, argv, "--print-schedule", "0", "1: print each stage's forwards and backwards and their grid, then train") == "1";
   kit::TrainArgs args = kit::parse_args(argc, argv);
   kit::pp::Schedule schedule{};
   try {
