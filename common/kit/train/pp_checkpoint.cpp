@@ -16,9 +16,9 @@ namespace {
 
 // This rank's chunks as one module, so that their parameters save and load by name.
 std::shared_ptr<torch::nn::Module> held(std::vector<pp::Chunk>& chunks) {
-  auto all = std::make_shared<torch::nn::Module>("PipelineChunks");
+  auto all = std::make_shared<torch::nn::Module>();
   for (auto& c : chunks) {
-    auto chunk = std::make_shared<torch::nn::Module>("Chunk");
+    auto chunk = std::make_shared<torch::nn::Module>();
     for (size_t u = 0; u < c.units.size(); ++u) chunk->register_module(std::to_string(u), c.units[u].module);
     all->register_module("chunk" + std::to_string(c.index), chunk);
   }

@@ -35,7 +35,9 @@ WRONG_DEVICE = re.compile(r"was given a tensor on (\S+), but NCCL moves only ten
 # A dataset asked for an example it does not have (kit/data/wikitext.cpp, cifar10.cpp).
 PAST_THE_END = (re.compile(r"\b(\w+): example (\d+) does not exist \(the dataset has (\d+)\)"),
                 re.compile(r"Cifar10Dataset\((\w+)\): index (\d+) >= size (\d+)"))
-LEFT = "another rank left the job"
+# A rank's error that is another's consequence: a collective's "another rank left the job", a send
+# or receive's "rank 3 left the job" (kit/runtime/process_group.cpp words both).
+LEFT = re.compile(r"(another rank|rank \d+) left the job")
 ERROR = re.compile(r"error|what\(\)|terminate|abort|timed out|exception|refused|invalid", re.I)
 
 # rank: the rank that stopped first (None: unknown); how: one sentence; site: "file.cpp:N" or
@@ -133,7 +135,7 @@ def explain(run, source, exercise, labels, verdicts):
     ranks = range(run.ranks)
     # A rank whose collective failed because another rank left is a consequence: the rank that
     # left says why (kit/runtime/process_group.cpp words it "another rank left the job").
-    own = [r for r in ranks if error_line(run, r) and LEFT not in error_line(run, r)]
+    own = [r for r in ranks if error_line(run, r) and not LEFT.search(error_line(run, r))]
     rank = crash[0] if crash else next(iter(own), next((r for r in ranks if error_line(run, r)), None))
     line = error_line(run, rank) if rank is not None else ""
     if crash:

@@ -48,6 +48,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from checklib import archive, collectives, compare, engine, job_judge, judges, stops
+from checklib.evidence import Evidence as SharedEvidence, Placer, needs
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -188,30 +189,9 @@ def step_losses(run, rank):
     return [float(kv(f)["loss"]) for f in run.events(rank, "step") if "loss" in kv(f)]
 
 
-class Judge:
-    """The places of the student's lines (a call site -> its TODO) and the verdicts."""
-
-    def __init__(self, check):
-        self.check, self.v = check, check.verdicts
-        self.stops = {}  # run folder -> stop(): several judgments ask about one failed run
-
-    def todo_of(self, site):
-        c = self.check
-        return stops.place(site, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)[0]
-
-    def stop(self, run):
-        """(todo, text) of a run that failed: the TODO whose line it stopped in, or None."""
-        if run.dir not in self.stops:
-            self.stops[run.dir] = self.explain(run)
-        return self.stops[run.dir]
-
-    def explain(self, run):
-        c = self.check
-        s = stops.explain(run, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)
-        # Only a line the error names is the TODO's: a rank's last collective before a crash
-        # elsewhere (a loss of mismatched shapes) is where it was, not what went wrong.
-        named = s.todo if s.todo and not (s.where or "").startswith("its last") else None
-        return named, s.how + (f" ({s.where})" if s.where else "")
+def Judge(check):
+    """The places of the student's lines and of failed runs (checklib/evidence.py)."""
+    return Placer(check, COLLECTIVE_FILES)
 
 
 def describe_run(name):
@@ -240,27 +220,9 @@ class Traced:
         return members_of(self.at[r].get("group_" + "-".join(sorted(dims)), str(r)), self.world)
 
 
-class Evidence:
-    """What one run shows of each TODO (a concept of LABELS): ok, a failure (text) or nothing
-    yet (why). Its first failure per concept is kept."""
-
-    def __init__(self, name):
-        self.name, self.state = name, {}
-
-    def fail(self, concept, text):
-        if self.state.get(concept, ("", ""))[0] != "fail":
-            self.state[concept] = ("fail", f"in {describe_run(self.name)} {text}")
-
-    def unreached(self, concept, text):
-        if concept not in self.state:
-            self.state[concept] = ("unreached", text)
-
-    def ok(self, concept):
-        if concept not in self.state:
-            self.state[concept] = ("ok", "")
-
-    def good(self, concept):
-        return self.state.get(concept, ("ok",))[0] == "ok"
+def Evidence(name):
+    """What one run shows of each TODO (checklib/evidence.py), described as describe_run does."""
+    return SharedEvidence(name, describe_run)
 
 
 def judge_mesh(e, run, traced, name):
@@ -517,11 +479,6 @@ def judge_cp_inputs(e, run, traced):
             e.unreached("cp", f"{describe_run(e.name)} stopped before it")
         return
     e.ok("cp")
-
-
-def needs(e, concepts):
-    """The first of `concepts` this run does not show right (its TODO must be fixed first)."""
-    return next((c for c in concepts if not e.good(c)), None)
 
 
 def judge_numbers(e, run, traced, ref, j):

@@ -43,6 +43,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from checklib import collectives, compare, engine, job_judge, judges, stops
+from checklib.evidence import Evidence as SharedEvidence, Placer, needs
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -221,16 +222,12 @@ def p2p(events, kind, todo, j):
             if k == "p2p" and kv(fields).get("kind") == kind and j.todo_of(kv(fields).get("site", "")) == todo]
 
 
-class Judge:
-    """The places of the student's lines (a call site -> its TODO) and the verdicts."""
+class Judge(Placer):
+    """The places of the student's lines and of failed runs (checklib/evidence.py), with this
+    exercise's own: average_gradients' all-reduce, and torch's errors by their symptom."""
 
     def __init__(self, check):
-        self.check, self.v = check, check.verdicts
-        self.stops = {}
-
-    def todo_of(self, site):
-        c = self.check
-        return stops.place(site, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)[0]
+        super().__init__(check, COLLECTIVE_FILES)
 
     def concept_of(self, site):
         """The concept of a call site: its TODO's, or TODO 8's for average_gradients' all-reduce
@@ -254,17 +251,10 @@ class Judge:
                 pass
         return self._average
 
-    def stop(self, run):
-        """(todo, text) of a run that failed: the TODO whose line it stopped in, or None."""
-        if run.dir not in self.stops:
-            self.stops[run.dir] = self.explain(run)
-        return self.stops[run.dir]
-
-    def explain(self, run):
-        c = self.check
-        s = stops.explain(run, c.source, c.args.exercise, COLLECTIVE_FILES, self.v)
-        named = s.todo if s.todo and not (s.where or "").startswith("its last") else None
-        text = s.how + (f" ({s.where})" if s.where else "")
+    def explain(self, run, s=None):
+        s = s or self.placed(run)
+        named, text = super().explain(run, s)
+        site = s.site
         # The trainer's own refusal: the schedule asked for a micro-batch the batch was not cut
         # into. The pieces are TODO 5's.
         if PIECES in text:
@@ -277,12 +267,13 @@ class Judge:
         if waited:
             named = str(waited[0])
         # An undefined gradient to send back: the received input had no requires_grad_ (TODO 3).
-        if named == LABELS["backward"] and re.search(r"undefined|not defined|was given no tensor", text, re.I):
+        if named == LABELS["backward"] and re.search(r"undefined|not defined|was given no tensor",
+                                                     run.stderr, re.I):
             named = LABELS["forward"]
             text += " (the input received in the forward has no gradient: it needs requires_grad_)"
         # Stopped in average_gradients' all-reduce: the group TODO 8 gave it (the stages of a
         # pipeline hold different numbers of gradients).
-        if s.site and s.site == self.average_site():
+        if site and site == self.average_site():
             named = LABELS["dp"]
         # Torch's own errors where a pipeline's part is missing (no kit line to place them by):
         # the earliest TODO whose symptom any rank shows.
@@ -297,35 +288,9 @@ class Judge:
         return named, text
 
 
-class Evidence:
-    """What one run shows of each TODO (a concept of LABELS): ok, a failure (text) or nothing
-    yet (why). Its first failure per concept is kept."""
-
-    def __init__(self, name):
-        self.name, self.state = name, {}
-        self.numbers = set()  # concepts whose failure is a number (a loss), not a structure
-
-    def fail(self, concept, text, numbers=False):
-        if self.state.get(concept, ("", ""))[0] != "fail":
-            self.state[concept] = ("fail", f"in {describe_run(self.name)} {text}")
-            if numbers:
-                self.numbers.add(concept)
-
-    def unreached(self, concept, text):
-        if concept not in self.state:
-            self.state[concept] = ("unreached", text)
-
-    def ok(self, concept):
-        if concept not in self.state:
-            self.state[concept] = ("ok", "")
-
-    def good(self, concept):
-        return self.state.get(concept, ("ok",))[0] == "ok"
-
-
-def needs(e, concepts):
-    """The first of `concepts` this run does not show right (its TODO must be fixed first)."""
-    return next((c for c in concepts if not e.good(c)), None)
+def Evidence(name):
+    """What one run shows of each TODO (checklib/evidence.py), described as describe_run does."""
+    return SharedEvidence(name, describe_run)
 
 
 # --- the judgments -----------------------------------------------------------------------------
