@@ -47,7 +47,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from checklib import archive, collectives, compare, engine, job_judge, judges, stops
+from checklib import archive, collectives, compare, engine, job_judge, judges
 from checklib.evidence import Evidence as SharedEvidence, Placer, needs
 from checklib.runs import Locked, kv
 from rules import ex01

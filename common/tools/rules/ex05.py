@@ -24,15 +24,15 @@ A TODO passes when, in each run where it matters:
      forward of a chunk that is not the first, from the previous chunk's rank, and sends one
      per forward of a chunk that is not the last, to the next one's; the first step's loss is
      pp 1's;
-  4  the same for the backward's gradients (TODO 4's lines), the other way; every later step's
-     loss is pp 1's;
-  5  the first step runs --micro-batches micro-batches through each chunk;
-  6  rank 0 (and every rank of a pipeline) reports the last stage's losses, pp 1's, printed;
+  4  rank 0 (and every rank of a pipeline) reports the last stage's losses, pp 1's, printed;
      the loss's collectives are on the rank's pipeline;
-  7  each rank's forwards and backwards of the first step come in the schedule's order (the
+  5  the same as 3 for the backward's gradients (TODO 5's lines), the other way; every later
+     step's loss is pp 1's;
+  6  the averaging's collective (average_gradients', called from TODO 6's line) is on the rank's
+     dp group, and at pp 2 x dp 2 the losses are dp 2's;
+  7  the first step runs --micro-batches micro-batches through each chunk;
+  8  each rank's forwards and backwards of the first step come in the schedule's order (the
      solution's run of the same flags);
-  8  the averaging collectives (TODO 8's lines) are on the rank's dp group, and at pp 2 x dp 2
-     the losses are dp 2's;
   9  the process group is closed at the end (exercise 01's judge, on the engine's run).
 Numbers are judged only where the structure they rest on is right; otherwise "not reached", so
 that a mistake is named once. A run that stops in a line of a TODO (a kit error ends with the
@@ -42,7 +42,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from checklib import collectives, compare, engine, job_judge, judges, stops
+from checklib import collectives, compare, engine, job_judge, judges
 from checklib.evidence import Evidence as SharedEvidence, Placer, needs
 from checklib.runs import Locked, kv
 from rules import ex01
@@ -81,7 +81,7 @@ PLACES = {"init": ("kit::pp::whole_model(", "the line that creates the model"),
 MESH_LINE = job_judge.PP_MESH_LINE
 HELD = re.compile(r"^rank (\d+) holds chunks ([0-9,]+): (\d+) parameters\s*$", re.M)
 # What the trainer throws when the schedule asks for a micro-batch the batch was not cut into
-# (TODO 5's pieces against TODO 7's order).
+# (TODO 7's pieces against TODO 8's order).
 PIECES = "the batch is cut into"
 # Torch's errors where a part of the pipeline is missing, by the TODO that adds it, in TODO order:
 # a chunk that is not the first run on the tokens (no receive), a loss taken of an activation (on
@@ -95,7 +95,7 @@ SYMPTOMS_SAY = {"forward": "a chunk that is not the first ran on the tokens: it 
                 "backward": "a backward started without the gradient of its output: it received none"}
 # A rank's error for a send, receive or collective that waited in vain, with its line.
 TIMED_OUT = re.compile(r"\((\w+\.cpp):(\d+)\) timed out after")
-# The collective of average_gradients (outside the TODOs; TODO 8 chooses its group).
+# The collective of average_gradients (outside the TODOs; TODO 6 chooses its group).
 AVERAGE_CALL = "kit::all_reduce(flat, kit::ReduceOp::AVG, group);"
 
 
@@ -230,8 +230,8 @@ class Judge(Placer):
         super().__init__(check, COLLECTIVE_FILES)
 
     def concept_of(self, site):
-        """The concept of a call site: its TODO's, or TODO 8's for average_gradients' all-reduce
-        (outside the TODOs, called from TODO 8's line)."""
+        """The concept of a call site: its TODO's, or TODO 6's for average_gradients' all-reduce
+        (outside the TODOs, called from TODO 6's line)."""
         if site == self.average_site():
             return "dp"
         todo = self.todo_of(site)
@@ -256,7 +256,7 @@ class Judge(Placer):
         named, text = super().explain(run, s)
         site = s.site
         # The trainer's own refusal: the schedule asked for a micro-batch the batch was not cut
-        # into. The pieces are TODO 5's.
+        # into. The pieces are TODO 7's.
         if PIECES in text:
             named = LABELS["micro"]
         # Ranks that each waited in vain (a message or a collective that never came): the
@@ -271,7 +271,7 @@ class Judge(Placer):
                                                      run.stderr, re.I):
             named = LABELS["forward"]
             text += " (the input received in the forward has no gradient: it needs requires_grad_)"
-        # Stopped in average_gradients' all-reduce: the group TODO 8 gave it (the stages of a
+        # Stopped in average_gradients' all-reduce: the group TODO 6 gave it (the stages of a
         # pipeline hold different numbers of gradients).
         if site and site == self.average_site():
             named = LABELS["dp"]
@@ -358,7 +358,7 @@ def judge_chunks(e, run, lay):
 
 
 def judge_messages(e, run, lay, j, concept, todo, partial=False):
-    """TODO 3 (the forward's activations) or 4 (the backward's gradients), without numbers: in
+    """TODO 3 (the forward's activations) or 5 (the backward's gradients), without numbers: in
     the first training step, each rank's receives and sends from the TODO's lines, with peers."""
     backward = concept == "backward"
     reached = False
@@ -400,7 +400,7 @@ def judge_messages(e, run, lay, j, concept, todo, partial=False):
 
 
 def judge_micro(e, run, lay, j):
-    """TODO 5: the first step runs MICRO micro-batches through each of the rank's chunks."""
+    """TODO 7: the first step runs MICRO micro-batches through each of the rank's chunks."""
     for r in range(run.ranks):
         first = first_step(run, r, j)
         if first is None:
@@ -468,7 +468,7 @@ def order_broken(run, ref, lay, j):
 
 
 def judge_order(e, run, ref, lay, j):
-    """TODO 7: each rank's forwards and backwards of the first step in the order of the
+    """TODO 8: each rank's forwards and backwards of the first step in the order of the
     solution's run of the same flags (the schedule's list, kit::pp::actions)."""
     if not ref.finished():
         e.unreached("order", f"the solution's run of the same flags failed: {ref.failure()}")
@@ -494,7 +494,7 @@ def judge_order(e, run, ref, lay, j):
 
 
 def judge_group(e, run, j, concept, want_of, need):
-    """The collectives from the TODO's lines (for TODO 8: the all-reduce of average_gradients,
+    """The collectives from the TODO's lines (for TODO 6: the all-reduce of average_gradients,
     which its line calls) are on the group want_of(rank) gives."""
     made = False
     for r in range(run.ranks):
@@ -519,8 +519,8 @@ def judge_group(e, run, j, concept, want_of, need):
 
 def judge_numbers(e, run, lay, ref):
     """The losses, where the structure they rest on is right: the last stage's first step
-    (TODO 3's forward), its later steps (TODO 4's backward, or TODO 8's average at dp 2), every
-    rank's (TODO 6) and rank 0's printed losses (TODO 6)."""
+    (TODO 3's forward), its later steps (TODO 5's backward, or TODO 6's average at dp 2), every
+    rank's (TODO 4) and rank 0's printed losses (TODO 4)."""
     later = "dp" if lay.dp > 1 else "backward"
     for before, judged in ((("mesh", "chunks", "micro", "forward"), ("forward", later, "loss")),
                            (("backward", later), (later, "loss"))):
@@ -546,7 +546,7 @@ def judge_numbers(e, run, lay, ref):
                            f"{want[k]:.7f}: {why}", numbers=True)
                     return
         e.ok(judged[0])
-    # TODO 6: every rank of a pipeline reports its last stage's losses; rank 0 prints them.
+    # TODO 4: every rank of a pipeline reports its last stage's losses; rank 0 prints them.
     for r in range(run.ranks):
         last = lay.rank_of(r, lay.last_chunk())
         mine, theirs = step_losses(run, r), step_losses(run, last)
