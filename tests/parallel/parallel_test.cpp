@@ -58,6 +58,17 @@ std::vector<std::unique_ptr<kit::Mesh>> meshes(int n, kit::MeshOptions o) {
   return out;
 }
 
+// The one line `make` is refused with (std::invalid_argument), or "no error".
+template <class F>
+std::string message(F&& make) {
+  try {
+    make();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
 // Largest |a - b| over the largest |b|: the difference relative to the tensor's scale.
@@ -102,14 +113,6 @@ TEST(MeshLayout, TheOrderDecidesWhichRanksAreNeighbours) {
 }
 
 TEST(MeshLayout, BadSizesAndOrdersAreOneLine) {
-  auto message = [](auto&& make) {
-    try {
-      make();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(message([] { kit::MeshLayout::make(4, 3, 1, "tp-cp-dp"); }),
             "tp x cp = 3 does not divide the 4 ranks (tp 3, cp 1): the world must be dp x cp x tp ranks");
   EXPECT_EQ(message([] { kit::MeshLayout::make(4, 2, 4, "tp-cp-dp"); }),
@@ -161,14 +164,6 @@ TEST(MeshLayout, PpLeftOutOfTheOrderIsTheSlowestOrNoDirectionAtAll) {
   EXPECT_EQ(none.coord(3, "pp"), 0);
   EXPECT_EQ(none.groups("pp"), (G{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(none.groups("dp-pp"), none.groups("dp"));
-  auto message = [](auto&& make) {
-    try {
-      make();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(message([] { kit::MeshLayout::make(6, 1, 1, "tp-cp-dp", 4); }),
             "pp x tp x cp = 4 does not divide the 6 ranks (tp 1, cp 1, pp 4): the world must be "
             "pp x dp x cp x tp ranks");
