@@ -158,22 +158,31 @@ PP_MESH_LINE = re.compile(r"^rank (\d+) of (\d+): tp (\d+) of (\d+), cp (\d+) of
                           r"of (\d+), pp (\d+) of (\d+) \(order ([a-z-]+)\)\s*$", re.M)
 
 
+def mesh_lines(jobs, pattern, missing, why):
+    """(job, node of each rank, each rank's mesh line's groups) of every finished job whose ranks
+    printed `pattern`'s line. A job the mesh refused (its flags) and a job without the lines (the
+    sentence `missing`) go to `why`; a job that failed otherwise is judge_all's."""
+    for job in jobs:
+        if job.state != "COMPLETED":
+            if "kit::Mesh" in job.err:  # the mesh refused the flags
+                why.append(f"{job.label()}: {job.why_failed()}")
+            continue
+        node = {int(t.get("SLURM_PROCID", -1)): t.get("SLURMD_NODENAME", "?") for t in job.tasks}
+        lines = {int(m.group(1)): m.groups() for m in pattern.finditer(job.out)}
+        if not lines:
+            why.append(f"{job.label()}: {missing}")
+            continue
+        yield job, node, lines
+
+
 def judge_pp(jobs):
     """Exercise 05's job TODO: --pp is the nodes of the job, so that each node holds one stage
     (its GPUs the copies of that stage). From each rank's mesh line and the node Slurm started
     it on: the ranks of one node are all of one stage, and there are as many stages as nodes."""
     why = []
-    for job in jobs:
-        if job.state != "COMPLETED":
-            if "kit::Mesh" in job.err:  # the mesh refused the flags (pp not dividing the world)
-                why.append(f"{job.label()}: {job.why_failed()}")
-            continue  # else judge_all says why
-        node = {int(t.get("SLURM_PROCID", -1)): t.get("SLURMD_NODENAME", "?") for t in job.tasks}
-        lines = {int(m.group(1)): m.groups() for m in PP_MESH_LINE.finditer(job.out)}
-        if not lines:
-            why.append(f"{job.label()}: no rank printed a mesh line with its stage (\"rank R of W: "
-                       "..., pp s of P (order O)\"): the trainer ran without --pp")
-            continue
+    for job, node, lines in mesh_lines(jobs, PP_MESH_LINE, "no rank printed a mesh line with its "
+                                       "stage (\"rank R of W: ..., pp s of P (order O)\"): the "
+                                       "trainer ran without --pp", why):
         pp = int(next(iter(lines.values()))[9])
         stages = {}
         for r, g in lines.items():
@@ -195,17 +204,8 @@ def judge_tp(jobs):
     and the node Slurm started that rank on: the tp groups' members (same cp and dp coordinates)
     must each sit on one node, and a tp group must fill its node (T = the job's GPUs per node)."""
     why = []
-    for job in jobs:
-        if job.state != "COMPLETED":
-            if "kit::Mesh" in job.err:  # the mesh refused the flags (a tp group across nodes)
-                why.append(f"{job.label()}: {job.why_failed()}")
-            continue  # else judge_all says why
-        node = {int(t.get("SLURM_PROCID", -1)): t.get("SLURMD_NODENAME", "?") for t in job.tasks}
-        lines = {int(m.group(1)): m.groups() for m in MESH_LINE.finditer(job.out)}
-        if not lines:
-            why.append(f"{job.label()}: no rank printed its mesh line (\"rank R of W: tp a of T, "
-                       "...\")")
-            continue
+    for job, node, lines in mesh_lines(jobs, MESH_LINE, "no rank printed its mesh line (\"rank R "
+                                       "of W: tp a of T, ...\")", why):
         tp = int(next(iter(lines.values()))[3])
         groups = {}
         for r, g in lines.items():
@@ -239,20 +239,17 @@ def judge(labels, written, reshaped, node_gpus, node_source="", again=""):
     v = Verdicts(labels)
     jobs = [j for j in (written, reshaped) if j is not None]
     one = reshaped is None
-    if "pp" in labels:  # exercise 05: the rest of its job script is ready-made, as exercise 04's
-        v.add("pp", not (why := judge_pp(jobs)), "--pp is the nodes of the job: each node holds "
-              "one stage", "; ".join(why))
-        v.add("all", not (why := judge_all(jobs)),
-              "the job completes and prints the final test loss" if one else
-              "both jobs complete and print the final test loss", "; ".join(why))
-        return v
-    if "tp" in labels:  # exercise 04: the rest of its job script is ready-made, not its TODOs
-        v.add("tp", not (why := judge_tp(jobs)), "--tp is the GPUs of a node: each tp group is "
-              "one node's ranks", "; ".join(why))
-        v.add("all", not (why := judge_all(jobs)),
-              "the job completes and prints the final test loss" if one else
-              "both jobs complete and print the final test loss", "; ".join(why))
-        return v
+    # Exercises 04 and 05: the rest of their job scripts is ready-made, not their TODOs.
+    for key, judge_it, what in (("pp", judge_pp, "--pp is the nodes of the job: each node holds "
+                                 "one stage"),
+                                ("tp", judge_tp, "--tp is the GPUs of a node: each tp group is "
+                                 "one node's ranks")):
+        if key in labels:
+            v.add(key, not (why := judge_it(jobs)), what, "; ".join(why))
+            v.add("all", not (why := judge_all(jobs)),
+                  "the job completes and prints the final test loss" if one else
+                  "both jobs complete and print the final test loss", "; ".join(why))
+            return v
     v.add("gpus", not (why := judge_gpus(written, reshaped, node_gpus, node_source)),
           "the job requests every GPU of a node and makes the job's GPUs visible", "; ".join(why))
     if one:
