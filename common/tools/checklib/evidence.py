@@ -67,3 +67,29 @@ class Placer:
         # elsewhere (a loss of mismatched shapes) is where it was, not what went wrong.
         named = s.todo if s.todo and not (s.where or "").startswith("its last") else None
         return named, s.how + (f" ({s.where})" if s.where else "")
+
+
+def verdicts(v, found, what, needed, describe, after=None):
+    """One verdict per concept of `what` from every run's Evidence (`found`: name -> Evidence):
+    ✘ with the first failure; else "not reached" where a run `needed(concept)` names did not
+    show it ok; else ✔. `after` (concept -> earlier concepts): a failure by numbers alone of a
+    concept one of whose earlier concepts failed by its structure is "not reached" instead (the
+    same mistake seen again in the losses)."""
+    broken = [c for c in what if any(e.state.get(c, ("",))[0] == "fail" and c not in e.numbers
+                                     for e in found.values())]
+    for concept, text in what.items():
+        states = {name: e.state[concept] for name, e in found.items() if concept in e.state}
+        failed = [t for state, t in states.values() if state == "fail"]
+        earlier = [c for c in (after or {}).get(concept, ()) if c in broken]
+        if failed and earlier and all(concept in e.numbers for e in found.values()
+                                      if e.state.get(concept, ("",))[0] == "fail"):
+            v.unreached(concept, text, f"its losses need TODO {v.labels[earlier[0]]} first")
+            continue
+        missing = [states[n][1] if n in states else f"{describe(n)} did not show it"
+                   for n in needed(concept) if states.get(n, ("",))[0] != "ok"]
+        if failed:
+            v.add(concept, False, text, failed[0])
+        elif missing:
+            v.unreached(concept, text, missing[0])
+        else:
+            v.add(concept, True, text)

@@ -48,7 +48,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from checklib import archive, collectives, compare, engine, job_judge, judges
-from checklib.evidence import Evidence as SharedEvidence, Placer, needs
+from checklib.evidence import Evidence as SharedEvidence, Placer, needs, verdicts
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -684,20 +684,9 @@ def judge(check):
     found = {name: evidence_of(name, runs[name], runs["ref2" if name == "mesh4" else "ref1"], j)
              for name in MESHES}
     found["stop"] = judge_checkpoint(check, runs, found["tp2"], j)
-    for concept, what in WHAT.items():
-        states = {name: e.state[concept] for name, e in found.items() if concept in e.state}
-        failed = [text for state, text in states.values() if state == "fail"]
-        # Each TODO needs the runs that show it: the tensor-parallel ones (tp 2, dp 2 x tp 2),
-        # cp 2 for TODO 7, the stopped one for TODO 8. The cp 2 run adds to the others where it
-        # gets that far; stopped there first by TODO 7's mistake, it takes nothing away.
-        needed = REQUIRED.get(concept, ("tp2", "mesh4"))
-        missing = [states[n][1] if n in states else f"{describe_run(n)} did not show it"
-                   for n in needed if states.get(n, ("",))[0] != "ok"]
-        if failed:
-            v.add(concept, False, what, failed[0])
-        elif missing:
-            v.unreached(concept, what, missing[0])
-        else:
-            v.add(concept, True, what)
+    # Each TODO needs the runs that show it: the tensor-parallel ones (tp 2, dp 2 x tp 2), cp 2
+    # for TODO 7, the stopped one for TODO 8. The cp 2 run adds to the others where it gets that
+    # far; stopped there first by TODO 7's mistake, it takes nothing away.
+    verdicts(v, found, WHAT, lambda c: REQUIRED.get(c, ("tp2", "mesh4")), describe_run)
     judges.check_destroy(v, check.many, check.ranks)
     compare.judge_run(check, f"your run on {check.ranks} ranks (tp 1) follows the solution's")

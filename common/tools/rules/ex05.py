@@ -43,7 +43,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from checklib import collectives, compare, engine, job_judge, judges
-from checklib.evidence import Evidence as SharedEvidence, Placer, needs
+from checklib.evidence import Evidence as SharedEvidence, Placer, needs, verdicts
 from checklib.runs import Locked, kv
 from rules import ex01
 
@@ -647,27 +647,8 @@ def judge(check):
     v, j = check.verdicts, Judge(check)
     runs = launch_all(check)
     found = {name: evidence_of(name, runs[name], runs, j) for name in MESHES}
-    failed_todos = [c for c in WHAT if any(e.state.get(c, ("",))[0] == "fail" and c not in e.numbers
-                                           for e in found.values())]
-    for concept, what in WHAT.items():
-        states = {name: e.state[concept] for name, e in found.items() if concept in e.state}
-        failed = [text for state, text in states.values() if state == "fail"]
-        # Numbers that follow a TODO already failed: the same mistake seen again (a wrong
-        # backward also changes pp 2 x dp 2's losses). A wrong structure is this TODO's own.
-        earlier = [c for c in AFTER.get(concept, ()) if c in failed_todos]
-        by_numbers = all(concept in e.numbers for e in found.values()
-                         if e.state.get(concept, ("",))[0] == "fail")
-        if failed and earlier and by_numbers:
-            v.unreached(concept, what, f"its losses need TODO {LABELS[earlier[0]]} first")
-            continue
-        needed = REQUIRED.get(concept, ("pp2", "int2", "pp4"))
-        missing = [states[n][1] if n in states else f"{describe_run(n)} did not show it"
-                   for n in needed if states.get(n, ("",))[0] != "ok"]
-        if failed:
-            v.add(concept, False, what, failed[0])
-        elif missing:
-            v.unreached(concept, what, missing[0])
-        else:
-            v.add(concept, True, what)
+    # Numbers that follow a TODO already failed by its structure are that mistake seen again (a
+    # wrong backward also changes pp 2 x dp 2's losses): AFTER.
+    verdicts(v, found, WHAT, lambda c: REQUIRED.get(c, ("pp2", "int2", "pp4")), describe_run, AFTER)
     judges.check_destroy(v, check.many, check.ranks)
     compare.judge_run(check, f"your run on {check.ranks} ranks (pp 1) follows the solution's")
