@@ -274,8 +274,8 @@ inline double gpu_seconds([[maybe_unused]] const GpuEvent& a, [[maybe_unused]] c
 // it replaced. c10 keeps one handler per thread: it is installed on the calling thread, which also
 // sees the warnings of the backward passes it runs (autograd replays them there when backward
 // ends). Written against the headers of 2.13 (c10/cuda/CUDAFunctions.h, c10/util/Exception.h);
-// ./kit cuda-build compiles it against 2.14.1, no GPU has run it yet. A CPU build has no CUDA and
-// counts none here.
+// ./kit cuda-build compiles it against 2.14.1; run on an H100 with 2.11 (one rank: the counts
+// expected, tests/gpu/RESULTS.md). A CPU build has no CUDA and counts none here.
 #if defined(KIT_HAVE_NCCL)
 struct SyncWarningCounter final : c10::WarningHandler {
   c10::WarningHandler* next = nullptr;
@@ -285,9 +285,12 @@ struct SyncWarningCounter final : c10::WarningHandler {
     else if (next) next->process(warning);
   }
 };
+// Never destroyed: c10's handler pointer outlives main(), and with the sync debug mode still on,
+// CUDA's teardown at exit warns through it. A static counter destroyed before that made
+// host_syncs die of SIGSEGV after its last line on an H100 (tests/gpu/run.sh, 2026-11-27).
 inline SyncWarningCounter& sync_warning_counter() {
-  static SyncWarningCounter counter;
-  return counter;
+  static auto* counter = new SyncWarningCounter;
+  return *counter;
 }
 inline void count_cuda_syncs() {
   SyncWarningCounter& counter = sync_warning_counter();

@@ -11,37 +11,39 @@
 #  2. builds only what the GPU tests and the benchmark need (no stages, no other test areas);
 #  3. runs `ctest -L gpu --output-on-failure` (tests/gpu/CMakeLists.txt lists the tests); a case
 #     that cannot run here (too few GPUs, say) is reported as skipped, and its reason is listed;
-#  4. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
+#  4. exercise 04 with NCCL: tp 1 on one GPU, then, with 2 GPUs, tp 2 and cp 2, with 4, tp 4 (one
+#     rank a GPU, dropout 0): each run's final test loss must be tp 1's (ex04-gpu.txt, the logs
+#     ex04-*.log).
+#  5. exercise 05 with NCCL: pp 1 on one GPU, then, with 2 GPUs, pp 2 under gpipe, 1f1b and
+#     interleaved, with 4, pp 4 (one rank a GPU, dropout 0): each run's final test loss must be
+#     pp 1's (ex05-gpu.txt, the logs ex05-*.log).
+#  The short checks (1-5) come before the benchmarks (6-9), so that a run stopped at a time
+#  limit has them.
+#  6. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
 #     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward;
-#  5. runs the collectives benchmark (common/bench/bench_collectives.cpp) on NCCL with one rank
+#  7. runs the collectives benchmark (common/bench/bench_collectives.cpp) on NCCL with one rank
 #     per GPU, 8 B to 256 MiB, and, with two GPUs or more, plots busbw against size with the
 #     alpha-beta fit (slides/tools/plot_collectives.py);
-#  6. counts the host synchronisations of a training step (common/bench/host_syncs.cpp: exercise
+#  8. counts the host synchronisations of a training step (common/bench/host_syncs.cpp: exercise
 #     01's loop under DDP, CUDA's sync debug mode) on 1 rank and, with two GPUs or more, on 2, and
 #     prints them. Expected, as on fakegpu in CI (ctest -R host_syncs), unless one of ATen's CUDA
 #     kernels synchronises: none inside a step from step 2 on; between steps, only at every 10th
 #     step: rank 0 reads its losses (1), and on 2 ranks every rank polls the stop flag (2: the flag
 #     to the GPU and back), so 1 with one rank, 3 on rank 0 and 2 on rank 1 with two. --check
 #     makes any other figure a failure.
-#  7. exercise 06 on one GPU, where HDF5 was found: its checks (tests/gpu/weather_gpu.py: fp16
+#  9. exercise 06 on one GPU, where HDF5 was found: its checks (tests/gpu/weather_gpu.py: fp16
 #     with its gradient scaler, bf16, TF32 trained to fp32's u10 RMSE within tolerance, autocast's
 #     dtypes, the batches copied from pinned memory on a stream of their own, GPU kernels in the
 #     profile) and its table of speed-ups (tests/bench/bench_weather.py --device cuda: the shipped
 #     exercise, then each optimisation added, samples/s, step time, peak memory, u10 RMSE, with
 #     the date and the GPU's name).
-#  8. exercise 04 with NCCL: tp 1 on one GPU, then, with 2 GPUs, tp 2 and cp 2, with 4, tp 4 (one
-#     rank a GPU, dropout 0): each run's final test loss must be tp 1's (ex04-gpu.txt, the logs
-#     ex04-*.log).
-#  9. exercise 05 with NCCL: pp 1 on one GPU, then, with 2 GPUs, pp 2 under gpipe, 1f1b and
-#     interleaved, with 4, pp 4 (one rank a GPU, dropout 0): each run's final test loss must be
-#     pp 1's (ex05-gpu.txt, the logs ex05-*.log).
 #
 # Results go to $OUT if set, else BUILD_DIR/results: info.txt (date, GPUs, torch), configure.log,
 # build.log, ctest.log (the run and the skip reasons), ctest-details.log (every test's output),
 # bench.txt (the table) and bench.log (the raw BENCH lines), collectives.txt, collectives.csv,
-# collectives-busbw.svg and collectives-fit.md (step 5), host_syncs.txt (the counts) and
-# host_syncs.log (every step's, step 6), weather-gpu.txt, weather-table.txt and weather-table.csv
-# (step 7; its profile in BUILD_DIR/tests/bench/weather-gpu/profile). Exit status 0 when everything built
+# collectives-busbw.svg and collectives-fit.md (step 7), host_syncs.txt (the counts) and
+# host_syncs.log (every step's, step 8), weather-gpu.txt, weather-table.txt and weather-table.csv
+# (step 9; its profile in BUILD_DIR/tests/bench/weather-gpu/profile). Exit status 0 when everything built
 # and passed, 1 when a test or the benchmark failed, 2 when it could not build.
 #
 # Needs python3 with a CUDA torch, cmake, a C++ compiler, nvcc (the CMake config of a CUDA
@@ -61,7 +63,8 @@
 # Environment: PYTHON (python with torch; default python3), KIT_DEBS, OUT, KIT_JOBS (build jobs;
 # default: all cores), CXX (the compiler of a new build folder), BENCH_STEPS / BENCH_WARMUP /
 # BENCH_REPEATS (run length), KIT_BENCH_ARGS (more run_bench.py flags, e.g. "--vocab 33278"),
-# KIT_NO_BENCH=1 (tests only).
+# KIT_NO_BENCH=1 (tests only), KIT_CMAKE_ARGS (more configure flags, split at spaces: e.g. an HDF5
+# outside the usual places, "-DHDF5_C_INCLUDE_DIR=... -DHDF5_hdf5_LIBRARY_RELEASE=...").
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -163,12 +166,13 @@ if [ -n "${KIT_DEBS:-}" ]; then
 fi
 
 # --- configure and build ----------------------------------------------------------------------------
+read -r -a cmake_args <<<"${KIT_CMAKE_ARGS:-}"
 compiler=()
 if [ ! -f "$BUILD/CMakeCache.txt" ] && [ -n "${CXX:-}" ]; then compiler=("-DCMAKE_CXX_COMPILER=$CXX"); fi
 say "configuring $BUILD (log: $RESULTS/configure.log)"
 if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
     "-DCMAKE_PREFIX_PATH=$prefixes" -DKIT_BUILD_TESTS=ON -DKIT_BUILD_STAGES=OFF \
-    "-DKIT_TEST_AREAS=gpu;ddp;bench" "${untested[@]}" "${extra_flags[@]}" \
+    "-DKIT_TEST_AREAS=gpu;ddp;bench" "${untested[@]}" "${extra_flags[@]}" "${cmake_args[@]}" \
     >"$RESULTS/configure.log" 2>&1; then
   tail -n 30 "$RESULTS/configure.log" >&2
   if grep -q "GTest" "$RESULTS/configure.log"; then
@@ -205,67 +209,6 @@ if [ -f "$details" ]; then
   if [ -n "$reasons" ]; then
     printf 'skipped, and why:\n%s\n' "$reasons" | tee -a "$RESULTS/ctest.log"
   fi
-fi
-
-# --- the benchmark on one GPU ---------------------------------------------------------------------
-if [ "${KIT_NO_BENCH:-0}" = 1 ]; then
-  say "benchmark not run (KIT_NO_BENCH=1)" | tee "$RESULTS/bench.txt"
-elif [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
-  say "benchmark not run: it needs a GPU and a CUDA build of torch" | tee "$RESULTS/bench.txt"
-else
-  read -r -a bench_args <<<"${KIT_BENCH_ARGS:-}"
-  say "DDP benchmark on one GPU: kit C++ DDP vs PyTorch DDP (a few minutes)"
-  rm -f "$RESULTS/bench.log"
-  "$PYTHON" "$ROOT/tests/bench/run_bench.py" --device cuda --ranks 1 \
-      --bench "$BUILD/bin/bench_ddp" --ddprun "$BUILD/bin/ddprun" --data "$BUILD/data/wikitext-2" \
-      --python "$PYTHON" --log "$RESULTS/bench.log" "${bench_args[@]}" 2>&1 |
-    tee "$RESULTS/bench.txt" || status=1
-fi
-
-# --- the collectives benchmark: NCCL, one rank per GPU ------------------------------------------------
-if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
-  say "collectives benchmark not run" | tee "$RESULTS/collectives.txt"
-else
-  say "collectives benchmark: NCCL on $gpus GPU(s), 8 B .. 256 MiB"
-  "$BUILD/bin/ddprun" --nproc-per-node "$gpus" -- "$BUILD/bin/bench_collectives" \
-      --min-bytes 8 --max-bytes 256M --csv "$RESULTS/collectives.csv" 2>&1 |
-    tee "$RESULTS/collectives.txt" || status=1
-  if [ "$gpus" -ge 2 ]; then
-    "$PYTHON" "$ROOT/slides/tools/plot_collectives.py" --out "$RESULTS" \
-        --label "$gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F)" \
-        "$RESULTS/collectives.csv" 2>&1 | tee -a "$RESULTS/collectives.txt" || status=1
-  fi
-fi
-
-# --- host synchronisations per training step (CUDA's sync debug mode) -------------------------------
-if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
-  say "host synchronisations not counted (they need a GPU)" | tee "$RESULTS/host_syncs.txt"
-else
-  say "host synchronisations per step (expected: 0 inside a step from step 2 on; between steps only" \
-      "every 10th: 1 on one rank, 3 on rank 0 and 2 on rank 1 of two)"
-  rm -f "$RESULTS/host_syncs.log" "$RESULTS/host_syncs.txt"
-  for ranks in 1 2; do
-    [ "$ranks" -le "$gpus" ] || continue
-    "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/host_syncs" --steps 40 \
-        --d-model 256 --layers 2 --seq 64 --batch 16 --check >>"$RESULTS/host_syncs.log" 2>&1 || status=1
-  done
-  grep -E '^HOSTSYNCS|host_syncs:' "$RESULTS/host_syncs.log" | tee "$RESULTS/host_syncs.txt" || status=1
-fi
-
-# --- exercise 06 on one GPU: precisions, the loader's copies, the table of speed-ups --------------
-if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] ||
-    [ ! -x "$BUILD/bin/ex06-solution" ]; then
-  say "exercise 06 not run on the GPU (no GPU, no CUDA torch, no HDF5, or KIT_NO_BENCH=1)" |
-    tee "$RESULTS/weather-gpu.txt"
-else
-  say "exercise 06 on one GPU: fp16, bf16, TF32, the loader's copies, the profile"
-  "$PYTHON" "$ROOT/tests/gpu/weather_gpu.py" "$BUILD/bin/ex06-solution" "$BUILD/bin/make_weather" \
-      "$BUILD/weather-gpu-checks" 2>&1 | tee "$RESULTS/weather-gpu.txt" || status=1
-  say "exercise 06's table of speed-ups on one GPU (several minutes)"
-  "$PYTHON" "$ROOT/tests/bench/bench_weather.py" --device cuda \
-      --exercise "$BUILD/bin/ex06-exercise" --solution "$BUILD/bin/ex06-solution" \
-      --make-weather "$BUILD/bin/make_weather" --work "$BUILD/tests/bench/weather-gpu" \
-      --csv "$RESULTS/weather-table.csv" --profile 2>&1 | tee "$RESULTS/weather-table.txt" || status=1
 fi
 
 # --- exercise 04 on the GPUs: tensor and context parallelism with NCCL ----------------------------
@@ -338,6 +281,67 @@ else
     [ "$gpus" -ge 2 ] || echo "pipelines need 2 GPUs (one rank a GPU): not run on $gpus"
   } 2>&1 | tee "$RESULTS/ex05-gpu.txt"
   grep -q FAILED "$RESULTS/ex05-gpu.txt" && status=1
+fi
+
+# --- the benchmark on one GPU ---------------------------------------------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ]; then
+  say "benchmark not run (KIT_NO_BENCH=1)" | tee "$RESULTS/bench.txt"
+elif [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "benchmark not run: it needs a GPU and a CUDA build of torch" | tee "$RESULTS/bench.txt"
+else
+  read -r -a bench_args <<<"${KIT_BENCH_ARGS:-}"
+  say "DDP benchmark on one GPU: kit C++ DDP vs PyTorch DDP (a few minutes)"
+  rm -f "$RESULTS/bench.log"
+  "$PYTHON" "$ROOT/tests/bench/run_bench.py" --device cuda --ranks 1 \
+      --bench "$BUILD/bin/bench_ddp" --ddprun "$BUILD/bin/ddprun" --data "$BUILD/data/wikitext-2" \
+      --python "$PYTHON" --log "$RESULTS/bench.log" "${bench_args[@]}" 2>&1 |
+    tee "$RESULTS/bench.txt" || status=1
+fi
+
+# --- the collectives benchmark: NCCL, one rank per GPU ------------------------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "collectives benchmark not run" | tee "$RESULTS/collectives.txt"
+else
+  say "collectives benchmark: NCCL on $gpus GPU(s), 8 B .. 256 MiB"
+  "$BUILD/bin/ddprun" --nproc-per-node "$gpus" -- "$BUILD/bin/bench_collectives" \
+      --min-bytes 8 --max-bytes 256M --csv "$RESULTS/collectives.csv" 2>&1 |
+    tee "$RESULTS/collectives.txt" || status=1
+  if [ "$gpus" -ge 2 ]; then
+    "$PYTHON" "$ROOT/slides/tools/plot_collectives.py" --out "$RESULTS" \
+        --label "$gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F)" \
+        "$RESULTS/collectives.csv" 2>&1 | tee -a "$RESULTS/collectives.txt" || status=1
+  fi
+fi
+
+# --- host synchronisations per training step (CUDA's sync debug mode) -------------------------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ]; then
+  say "host synchronisations not counted (they need a GPU)" | tee "$RESULTS/host_syncs.txt"
+else
+  say "host synchronisations per step (expected: 0 inside a step from step 2 on; between steps only" \
+      "every 10th: 1 on one rank, 3 on rank 0 and 2 on rank 1 of two)"
+  rm -f "$RESULTS/host_syncs.log" "$RESULTS/host_syncs.txt"
+  for ranks in 1 2; do
+    [ "$ranks" -le "$gpus" ] || continue
+    "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/host_syncs" --steps 40 \
+        --d-model 256 --layers 2 --seq 64 --batch 16 --check >>"$RESULTS/host_syncs.log" 2>&1 || status=1
+  done
+  grep -E '^HOSTSYNCS|host_syncs:' "$RESULTS/host_syncs.log" | tee "$RESULTS/host_syncs.txt" || status=1
+fi
+
+# --- exercise 06 on one GPU: precisions, the loader's copies, the table of speed-ups --------------
+if [ "${KIT_NO_BENCH:-0}" = 1 ] || [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] ||
+    [ ! -x "$BUILD/bin/ex06-solution" ]; then
+  say "exercise 06 not run on the GPU (no GPU, no CUDA torch, no HDF5, or KIT_NO_BENCH=1)" |
+    tee "$RESULTS/weather-gpu.txt"
+else
+  say "exercise 06 on one GPU: fp16, bf16, TF32, the loader's copies, the profile"
+  "$PYTHON" "$ROOT/tests/gpu/weather_gpu.py" "$BUILD/bin/ex06-solution" "$BUILD/bin/make_weather" \
+      "$BUILD/weather-gpu-checks" 2>&1 | tee "$RESULTS/weather-gpu.txt" || status=1
+  say "exercise 06's table of speed-ups on one GPU (several minutes)"
+  "$PYTHON" "$ROOT/tests/bench/bench_weather.py" --device cuda \
+      --exercise "$BUILD/bin/ex06-exercise" --solution "$BUILD/bin/ex06-solution" \
+      --make-weather "$BUILD/bin/make_weather" --work "$BUILD/tests/bench/weather-gpu" \
+      --csv "$RESULTS/weather-table.csv" --profile 2>&1 | tee "$RESULTS/weather-table.txt" || status=1
 fi
 
 say "results in $RESULTS"
