@@ -62,7 +62,8 @@ std::map<std::string, std::string> rank_env(int rank, int world, int port,
   return extra;
 }
 
-// exe: exercise 01's solution, or exercise 03's (ZERO_TRAINER_EXE) for the ZeRO cases.
+// exe: exercise 01's solution, or exercise 03's (ZERO_TRAINER_EXE) for the ZeRO cases, or
+// exercise 05's (PP_TRAINER_EXE) for the pipeline cases.
 std::vector<std::string> trainer(std::vector<std::string> args, bool quick = true,
                                  const char* exe = TRAINER_EXE) {
   std::vector<std::string> argv = {exe};
@@ -405,18 +406,28 @@ fs::path checkpoint_dir(const fs::path& out) { return out / "checkpoints" / "ste
 // rank a process of its own with its own stderr, and requires of every rank: a non-zero exit
 // within seconds and exactly one line on stderr, "rank R: error: checkpoint <dir> ...", with
 // every one of `words`. The checkpoint itself stays where it was.
-void expect_refused(const fs::path& dir, const fs::path& out, int ranks,
-                    std::initializer_list<std::string> words, std::vector<std::string> extra = {},
-                    const char* exe = TRAINER_EXE) {
-  std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()};
-  args.insert(args.end(), extra.begin(), extra.end());
+// Runs `ranks` ranks of `exe` (quick settings plus `args`) in `dir`, each rank a process of its
+// own with its own stderr (KIT_TIMEOUT 20 s), and returns their results in rank order.
+std::vector<Result> run_ranks(const fs::path& dir, int ranks, const std::vector<std::string>& args,
+                              const char* exe) {
   const int port = free_port();
   std::vector<std::unique_ptr<Process>> procs;
   for (int r = 0; r < ranks; ++r)
     procs.push_back(std::make_unique<Process>(trainer(args, true, exe), clean_env(rank_env(r, ranks, port, {{"KIT_TIMEOUT", "20"}})),
                                               dir, "rank" + std::to_string(r)));
+  std::vector<Result> results;
+  for (auto& p : procs) results.push_back(p->wait(40));
+  return results;
+}
+
+void expect_refused(const fs::path& dir, const fs::path& out, int ranks,
+                    std::initializer_list<std::string> words, std::vector<std::string> extra = {},
+                    const char* exe = TRAINER_EXE) {
+  std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", out.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const std::vector<Result> results = run_ranks(dir, ranks, args, exe);
   for (int r = 0; r < ranks; ++r) {
-    Result res = procs[static_cast<size_t>(r)]->wait(40);
+    const Result& res = results[static_cast<size_t>(r)];
     SCOPED_TRACE("rank " + std::to_string(r));
     expect_one_clear_line(res, words);
     auto lines = res.err_lines();
@@ -551,6 +562,82 @@ TEST(BadInput, ResumeWithoutCheckpoint) {
   Result r = p.wait(20);
   expect_one_clear_line(r, {"--resume: no checkpoint in " + (tmp.path / "checkpoints").string()});
   EXPECT_LT(r.seconds, 15) << r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 05: a pipeline the flags cannot make, and a checkpoint of another split
+// ---------------------------------------------------------------------------------------------
+
+// Each case on 2 ranks, every rank a process of its own: every rank ends within seconds with one
+// line naming the flag and what is wrong, before any step (nothing is written).
+struct PipelineFlagCase {
+  const char* name;
+  std::vector<std::string> args;
+  std::vector<std::string> words;
+};
+
+void PrintTo(const PipelineFlagCase& c, std::ostream* os) { *os << c.name; }  // ctest's test names
+
+class PipelineFlags : public ::testing::TestWithParam<PipelineFlagCase> {};
+
+TEST_P(PipelineFlags, AreOneLineOnEveryRank) {
+  TempDir tmp;
+  std::vector<std::string> args = {"--data-dir", KIT_CORPUS_DIR, "--out-dir", (tmp.path / "run").string()};
+  args.insert(args.end(), GetParam().args.begin(), GetParam().args.end());
+  const std::vector<Result> results = run_ranks(tmp.path, 2, args, PP_TRAINER_EXE);
+  for (size_t r = 0; r < results.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const Result& res = results[r];
+    EXPECT_FALSE(res.timed_out) << res;
+    EXPECT_EQ(res.signal, 0) << res;
+    EXPECT_NE(res.exit_code, 0) << res;
+    const auto lines = res.err_lines();
+    ASSERT_EQ(lines.size(), 1u) << "expected exactly one line on stderr\n" << res;
+    for (const auto& w : GetParam().words)
+      EXPECT_NE(lines[0].find(w), std::string::npos) << "'" << w << "' missing in: " << lines[0];
+    EXPECT_LT(res.seconds, 15) << res;
+    EXPECT_EQ(res.out.find("[1/1]"), std::string::npos) << "it trained\n" << res;
+  }
+  EXPECT_FALSE(fs::exists(tmp.path / "run" / "checkpoints")) << "a refused run wrote a checkpoint";
+}
+
+// kQuick has 1 layer: the cases that need a pipeline to be possible ask for 2.
+INSTANTIATE_TEST_SUITE_P(
+    BadInput, PipelineFlags,
+    ::testing::Values(
+        PipelineFlagCase{"UnknownSchedule", {"--layers", "2", "--pp", "2", "--schedule", "foo"},
+                         {"--schedule", "unknown pipeline schedule 'foo'", "gpipe, 1f1b, interleaved"}},
+        PipelineFlagCase{"ChunksWithoutInterleaved", {"--layers", "2", "--pp", "2", "--chunks", "2"},
+                         {"1f1b runs one chunk per rank, not 2", "interleaved"}},
+        PipelineFlagCase{"MicroBatchesThatDoNotDivideTheBatch", {"--layers", "2", "--pp", "2", "--micro-batches", "3"},
+                         {"--micro-batches 3 does not divide --batch-size 16"}},
+        PipelineFlagCase{"MoreStagesThanRanks", {"--layers", "4", "--pp", "3"},
+                         {"kit::Mesh", "does not divide the 2 ranks"}},
+        PipelineFlagCase{"FewerBlocksThanChunks", {"--pp", "2"}, {"2 chunks for 1 blocks"}},
+        PipelineFlagCase{"ZeroStages", {"--pp", "0"}, {"--pp needs a whole number >= 1, got '0'"}}),
+    [](const ::testing::TestParamInfo<PipelineFlagCase>& i) { return std::string(i.param.name); });
+
+// A checkpoint belongs to one split (kit/train/pp_checkpoint.h: a file per rank of its stages):
+// resumed with another --pp, every rank refuses it before loading anything, naming both splits,
+// and the checkpoint stays.
+TEST(BadInput, PipelineCheckpointOfAnotherSplit) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, PP_TRAINER_EXE, {"--layers", "2", "--pp", "2"});
+  expect_refused(tmp.path, out, 2,
+                 {"was written for another configuration", "pp 2 chunks 1), not this one", "pp 1 chunks 1)",
+                  "nothing was loaded"},
+                 {"--layers", "2", "--resume"}, PP_TRAINER_EXE);
+}
+
+// Rank 1's stage file cut short: rank 0, whose own files are fine, refuses too.
+TEST(BadInput, PipelineCheckpointWithATruncatedFileOfAnotherRank) {
+  TempDir tmp;
+  const fs::path out = checkpointed_run(tmp.path, PP_TRAINER_EXE, {"--layers", "2", "--pp", "2"});
+  const fs::path shard = checkpoint_dir(out) / "zero" / "shard-1-of-2.pt";
+  ASSERT_TRUE(fs::exists(shard));
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_refused(tmp.path, out, 2, {"is damaged", "zero/shard-1-of-2.pt", "nothing was loaded"},
+                 {"--layers", "2", "--pp", "2", "--resume"}, PP_TRAINER_EXE);
 }
 
 }  // namespace

@@ -13,12 +13,12 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
      with PYTHON's folder first on PATH;
   3. as that user: `./kit demo --epochs 1 --max-steps 3` (the README's set-up: build, then 2
      ranks on Gloo), then, for every exercise (exercises/*/info.toml: a new one adds itself),
-     `./kit check NN` on the exercise as shipped, which must fail and name its first TODO ("fix
-     first: TODO 1"), and `./kit stage NN LAST && ./kit check NN`, the solution's files over the
-     exercise's, which must pass every TODO. `./kit check` builds whatever its runs need (the
-     exercise, the solution, info.toml's [check] tools and preload): nothing else is built
-     before it, so a target the check forgets is a failure here (issue 40: exercise 03's
-     stopped runs preload lib/libkit_test_hooks.so).
+     `./kit stage NN LAST && ./kit check NN`, the solution's files over the exercise's, which must
+     pass every TODO; for exercise 01, the README's first, also `./kit check 01` on the exercise as
+     shipped before, which must fail and name its first TODO ("fix first: TODO 1"). `./kit check`
+     builds whatever its runs need (the exercise, the solution, info.toml's [check] tools and
+     preload): nothing else is built before it, so a target the check forgets is a failure
+     here (issue 40: exercise 03's stopped runs preload lib/libkit_test_hooks.so).
 Each step must succeed, say which torch it built against and how it got Gloo's headers, and
 nothing may ask for root (no apt-get, no sudo) or the network.
 
@@ -94,8 +94,12 @@ def morning(scene, site, version):
            and "load the site's PyTorch module" in lines[0],
            "no torch and no network: one error line naming the fix, exit 2, no .venv left", out)
 
-    # ./kit check on every exercise, as shipped and finished (the trainers built against the CUDA
-    # torch, run on the CPU with Gloo, judged TODO by TODO).
+    # ./kit check on every exercise finished, and on exercise 01 (the README's first exercise) as
+    # shipped too (the trainers built against the CUDA torch, run on the CPU with Gloo, judged
+    # TODO by TODO). The finished exercise's check runs every run its rules have and builds every
+    # target they need; an exercise as shipped stops at its first TODO, which student.NN-exercise
+    # judges in the main build. Checking the others as shipped here too cost 6 checks and 6
+    # compiles, about 5 minutes of CI's (tests/README.md).
     for name in exercises():
         ex = name[:2]
         todos = json.loads(subprocess.run(
@@ -103,16 +107,20 @@ def morning(scene, site, version):
              "--json"], capture_output=True, text=True, check=True).stdout)
         last = max(int(str(t["todo"]).split("-")[-1]) for t in todos)
         first = min((t for t in todos if t["lang"] == "cpp"), key=lambda t: t["first"])["todo"]
-        start = time.time()
-        rc, out = as_user(site, f"cd ~/kit && ./kit check {ex}")
-        expect(rc == 1 and f"fix first: TODO {first}\n" in out,
-               f"./kit check {ex} fails the exercise as shipped, naming TODO {first} first "
-               f"({time.time() - start:.0f} s)", out)
+        if ex == AS_SHIPPED:
+            start = time.time()
+            rc, out = as_user(site, f"cd ~/kit && ./kit check {ex}")
+            expect(rc == 1 and f"fix first: TODO {first}\n" in out,
+                   f"./kit check {ex} fails the exercise as shipped, naming TODO {first} first "
+                   f"({time.time() - start:.0f} s)", out)
         start = time.time()
         rc, out = as_user(site, f"cd ~/kit && ./kit stage {ex} {last} && ./kit check {ex}")
         expect(rc == 0, f"./kit check {ex} passes the finished exercise (stage {last}) on the "
                f"login node ({time.time() - start:.0f} s)", out)
         expect("✘" not in out and "✔" in out, f"{ex}: no TODO is judged ✘", out)
+
+
+AS_SHIPPED = "01"  # the exercise also checked as shipped: the README's first
 
 
 def exercises():
