@@ -10,6 +10,8 @@
 #                           JOB_BUILD, JOB_DATA replace KIT_SITE (local), KIT_BUILD, KIT_DATA_DIR.
 #   check NAME COMMAND...   run COMMAND; print "ok NAME" or "FAIL NAME" (and count failures)
 #   finish                  print a summary; the exit status is 1 if any check failed
+#   final_loss, ddprun_loss, same_final_loss   a job's final loss against ddprun's without Slurm
+#   expect_job              ./kit check NN --job's verdicts on a job script (exercises 04, 05)
 #
 # Environment (CTest passes these; the defaults suit a build in ./build):
 #   KIT_ROOT       the kit's folder                          (default: two levels up)
@@ -216,11 +218,42 @@ expect_state() {
 # final_loss FILE: the "final test loss ..." line of FILE.
 final_loss() { grep -E '^final test loss ' "$1" 2>/dev/null | head -n 1; }
 
-# ddprun_loss N DIR: the final loss line of the same training on N local ranks (ddprun).
+# ddprun_loss N DIR [PROGRAM FLAGS...]: the final loss line of the same training on N local ranks
+# (ddprun, without Slurm): PROGRAM (default exercise 01's solution) with FLAGS (default QUICK).
 ddprun_loss() {
-  local n=$1 dir=$2
+  local n=$1 dir=$2 program=${3:-$BUILD/bin/ex01-solution}
+  shift 2
+  [ $# -gt 0 ] && shift  # the flags follow PROGRAM
+  local flags=("${QUICK[@]}")
+  [ $# -gt 0 ] && flags=("$@")
   mkdir -p "$dir/out"
-  OMP_NUM_THREADS=1 "$BUILD/bin/ddprun" --nproc-per-node "$n" -- "$BUILD/bin/ex01-solution" \
-    --data-dir "$DATA" --out-dir "$dir/out" "${QUICK[@]}" >"$dir/ddprun.out" 2>"$dir/ddprun.err"
+  OMP_NUM_THREADS=1 "$BUILD/bin/ddprun" --nproc-per-node "$n" -- "$program" \
+    --data-dir "$DATA" --out-dir "$dir/out" "${flags[@]}" >"$dir/ddprun.out" 2>"$dir/ddprun.err"
   final_loss "$dir/ddprun.out"
+}
+
+# same_final_loss TOL A B WHAT_A WHAT_B: the "final test loss" lines A and B (final_loss) give the same
+# loss up to TOL; else one line shows both, named WHAT_A and WHAT_B.
+same_final_loss() {
+  local tol=$1 a b
+  a=$(sed -n 's/^final test loss \([0-9.]*\).*/\1/p' <<<"$2")
+  b=$(sed -n 's/^final test loss \([0-9.]*\).*/\1/p' <<<"$3")
+  [ -n "$a" ] && [ -n "$b" ] &&
+    awk -v a="$a" -v b="$b" -v t="$tol" 'BEGIN { d = a - b; exit !(d <= t && d >= -t) }' && return 0
+  say "  $4: '$2', $5: '$3'"
+  return 1
+}
+
+# expect_job EXERCISE SCRIPT PASSED FAILED: `./kit check NN --job` (common/tools/check_job.py,
+# its own cluster, the solution's trainer of EXERCISE, e.g. 04-transformer-lm-tp) on the job
+# script SCRIPT says exactly "passed: PASSED" and "failed: FAILED" (TODO labels, comma-separated;
+# "-" for none); else its whole output goes to the log.
+expect_job() {
+  local exercise=$1 script=$2 got
+  got=$(python3 "$ROOT/common/tools/check_job.py" --exercise "$exercise" --script "$script" \
+    --program "$BUILD/bin/ex${exercise%%-*}-solution" --data "$DATA" --cluster "$TESTS_DIR/cluster.sh" \
+    --workdir "$CLUSTER/work/job-$(basename "$script")" 2>&1)
+  grep -qx "passed: $3" <<<"$got" && grep -qx "failed: $4" <<<"$got" && return 0
+  say "  $script:"; say "$got"
+  return 1
 }

@@ -32,47 +32,23 @@ expect_mesh() {
 check "each tp group is one node's 4 ranks (tp = local rank, dp = node)" expect_mesh
 
 slurm_loss=$(final_loss "$OUT")
-mkdir -p "$work/ddprun/out"
-OMP_NUM_THREADS=1 "$BUILD/bin/ddprun" --nproc-per-node 2 -- "$BUILD/bin/ex04-solution" \
-  --data-dir "$DATA" --out-dir "$work/ddprun/out" "${FLAGS[@]}" \
-  >"$work/ddprun/ddprun.out" 2>"$work/ddprun/ddprun.err"
-local_loss=$(final_loss "$work/ddprun/ddprun.out")
+local_loss=$(ddprun_loss 2 "$work/ddprun" "$BUILD/bin/ex04-solution" "${FLAGS[@]}")
 # Equal to the printed digits, up to 2 units of the last one (2e-5): a split layer adds its
 # partial sums in another order than one rank's product (rules/ex04.py measured 1e-6 per step).
-same_loss() {
-  local a b
-  a=$(sed -n 's/^final test loss \([0-9.]*\).*/\1/p' <<<"$slurm_loss")
-  b=$(sed -n 's/^final test loss \([0-9.]*\).*/\1/p' <<<"$local_loss")
-  [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(d <= 2e-5 && d >= -2e-5) }' &&
-    return 0
-  say "  Slurm (dp 2 x tp 4): '$slurm_loss', ddprun (dp 2, tp 1): '$local_loss'"
-  return 1
-}
-check "final loss equals ddprun's dp 2 at tp 1" same_loss
+check "final loss equals ddprun's dp 2 at tp 1" \
+  same_final_loss 2e-5 "$slurm_loss" "$local_loss" "Slurm (dp 2 x tp 4)" "ddprun (dp 2, tp 1)"
 
 # ./kit check 04 --job's judgment of TODO 10 (common/tools/checklib/job_judge.py, judge_tp): the
 # job script as shipped (tp 1) and with a fixed --tp 4 (right as written, wrong when reshaped to
 # 2 GPUs a node) fail it; the solution passes.
-job_check() {  # SCRIPT: check_job.py's output
-  python3 "$ROOT/common/tools/check_job.py" --exercise 04-transformer-lm-tp --script "$1" \
-    --program "$BUILD/bin/ex04-solution" --data "$DATA" --cluster "$ROOT/tests/slurm/cluster.sh" \
-    --workdir "$work/job-$(basename "$1")" 2>&1
-}
 # shellcheck disable=SC2016  # the script's own $KIT_TASKS_PER_NODE, replaced as text
 sed 's/^TP_FLAGS=(--tp "$KIT_TASKS_PER_NODE").*/TP_FLAGS=(--tp 4)/' \
   "$ROOT/sbatch/04-transformer-lm-tp/solution.sbatch" >"$work/fixed-tp.sbatch"
-expect_job() {  # SCRIPT PASSED FAILED
-  local got
-  got=$(job_check "$1")
-  grep -qx "passed: $2" <<<"$got" && grep -qx "failed: $3" <<<"$got" && return 0
-  say "  $1:"; say "$got"
-  return 1
-}
 check "kit check 04 --job: the shipped run.sbatch fails TODO 10" \
-  expect_job "$ROOT/sbatch/04-transformer-lm-tp/run.sbatch" all 10
+  expect_job 04-transformer-lm-tp "$ROOT/sbatch/04-transformer-lm-tp/run.sbatch" all 10
 check "kit check 04 --job: a fixed --tp 4 fails TODO 10 (reshaped to 2 GPUs a node, the mesh refuses it)" \
-  expect_job "$work/fixed-tp.sbatch" - "10,all"
+  expect_job 04-transformer-lm-tp "$work/fixed-tp.sbatch" - "10,all"
 check "kit check 04 --job: solution.sbatch passes" \
-  expect_job "$ROOT/sbatch/04-transformer-lm-tp/solution.sbatch" "10,all" -
+  expect_job 04-transformer-lm-tp "$ROOT/sbatch/04-transformer-lm-tp/solution.sbatch" "10,all" -
 [ "$FAILED" -eq 0 ] || show
 finish
