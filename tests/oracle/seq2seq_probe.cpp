@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
     std::cerr << "usage: seq2seq_probe OUT.pt\n";
     return 2;
   }
-  torch::manual_seed(0);  // the batch's ids; the weights come from options.seed
+  torch::set_num_threads(1);  // a tiny model: threads only cost time on a busy machine
+  torch::manual_seed(0);      // the batch's ids; the weights come from options.seed
   kit::Seq2SeqOptions o{.vocab_size = 23, .d_model = 16, .heads = 2, .encoder_layers = 2,
                         .decoder_layers = 2, .feedforward = 32, .dropout = 0.0, .max_len = 20,
                         .pad_id = 0, .bos_id = 1, .eos_id = 2, .seed = 7};
