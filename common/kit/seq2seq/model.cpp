@@ -2,6 +2,7 @@
 #include "kit/seq2seq/model.h"
 
 #include <cmath>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -16,16 +17,20 @@ namespace {
   throw std::invalid_argument(std::string(call) + ": " + what);
 }
 
-// torch::manual_seed(seed) for the CPU generator while the weights are drawn, then the caller's
-// generator state back: making a model does not move the caller's random stream (its dropout, its
-// data order).
+// torch::manual_seed(seed)'s effect on the CPU generator (where the weights are drawn) while the
+// weights are drawn, then the caller's generator state back: making a model moves neither the
+// caller's CPU stream (its dropout, its data order) nor, unlike torch::manual_seed, a CUDA one.
 class SeededInit {
  public:
-  explicit SeededInit(uint64_t seed)
-      : gen_(at::detail::getDefaultCPUGenerator()), saved_(gen_.get_state()) {
-    torch::manual_seed(seed);
+  explicit SeededInit(uint64_t seed) : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+    gen_.set_current_seed(seed);
   }
-  ~SeededInit() { gen_.set_state(saved_); }
+  ~SeededInit() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
 
  private:
   at::Generator gen_;

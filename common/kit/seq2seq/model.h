@@ -10,10 +10,10 @@
 //
 // Choices, and why:
 //  - one embedding matrix for the encoder's input, the decoder's input and the output projection
-//    (logits = h . E^T, no output bias): documents and summaries share the tokenizer, and the
-//    tied matrix is a third of the parameters it would otherwise take (Press & Wolf 2017; as
-//    "Attention is all you need"). It is drawn from N(0, 1/d_model) and multiplied by
-//    sqrt(d_model) at the input: unit-scale inputs and logits of unit scale at the start;
+//    (logits = h . E^T, no output bias): documents and summaries share the tokenizer, and one
+//    matrix stands where three would (Press & Wolf 2017; as "Attention is all you need"). It is
+//    drawn from N(0, 1/d_model) and multiplied by sqrt(d_model) at the input: inputs of unit
+//    scale, and logits of unit scale at the start (h, after the final LayerNorm, has unit scale);
 //  - sinusoidal positions, a buffer as in kit/models/transformer_lm.h: nothing to learn, shard or
 //    average, and the same code as the course's language model;
 //  - padding: a position holding pad_id is masked as a key everywhere (src_key_padding_mask in
@@ -24,7 +24,7 @@
 //    starts with bos_id.
 //
 // Weights: those drawn after torch::manual_seed(options.seed) (the kit's rule, kit/parallel/
-// parallel_lm.h); the constructor puts torch's CPU generator back as it found it. The parameters
+// parallel_lm.h), on the CPU; the constructor puts torch's CPU generator back as it found it. The parameters
 // keep torch's names under "embed." and "transformer." (the oracle loads them by name).
 #pragma once
 
