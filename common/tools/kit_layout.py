@@ -65,9 +65,10 @@ FOLDERS = {
     "train": "what every trainer needs around the model: flags, LR rules, gradient clipping, "
              "metrics and the scaling study's summary, checkpoints (sharded ones too), memory "
              "counting",
-    "seq2seq": "the news summariser's (the capstone's) parts: ROUGE-1, ROUGE-2 and ROUGE-L as the "
-               "`rouge-score` package computes them, with NLTK's Porter stemmer; plain C++, no "
-               "LibTorch",
+    "seq2seq": "the news summariser's (the capstone's) parts: the encoder-decoder Transformer "
+               "(`torch::nn::Transformer`, padding masks, greedy decoding), batches by length, "
+               "ROUGE-1, ROUGE-2 and ROUGE-L as the `rouge-score` package computes them, with "
+               "NLTK's Porter stemmer (ROUGE and the stemmer plain C++, no LibTorch)",
     "check": "the checker's instrumentation: the run trace and the model's records, off unless "
              "`KIT_TRACE_DIR` is set; no exercise includes it",
 }

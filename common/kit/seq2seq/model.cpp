@@ -1,0 +1,183 @@
+// kit/seq2seq/model.cpp — the summariser's encoder-decoder Transformer (see model.h).
+#include "kit/seq2seq/model.h"
+
+#include <cmath>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+namespace kit {
+namespace {
+
+[[noreturn]] void fail(const char* call, const std::string& what) {
+  throw std::invalid_argument(std::string(call) + ": " + what);
+}
+
+// torch::manual_seed(seed)'s effect on the CPU generator (where the weights are drawn) while the
+// weights are drawn, then the caller's generator state back: making a model moves neither the
+// caller's CPU stream (its dropout, its data order) nor, unlike torch::manual_seed, a CUDA one.
+class SeededInit {
+ public:
+  explicit SeededInit(uint64_t seed) : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+    gen_.set_current_seed(seed);
+  }
+  ~SeededInit() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
+
+ private:
+  at::Generator gen_;
+  at::Tensor saved_;
+};
+
+}  // namespace
+
+Seq2SeqImpl::Seq2SeqImpl(const Seq2SeqOptions& o) : options_(o) {
+  const char* call = "Seq2Seq";
+  auto positive = [&](int64_t v, const char* name) {
+    if (v < 1) fail(call, std::string(name) + " must be at least 1, not " + std::to_string(v));
+  };
+  positive(o.vocab_size, "vocab_size");
+  positive(o.d_model, "d_model");
+  positive(o.heads, "heads");
+  positive(o.encoder_layers, "encoder_layers");
+  positive(o.decoder_layers, "decoder_layers");
+  positive(o.feedforward, "feedforward");
+  positive(o.max_len, "max_len");
+  if (o.d_model % o.heads != 0)
+    fail(call, "heads (" + std::to_string(o.heads) + ") must divide d_model (" +
+                   std::to_string(o.d_model) + ")");
+  if (o.d_model % 2 != 0)
+    fail(call, "d_model (" + std::to_string(o.d_model) + ") must be even (sinusoidal positions)");
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    fail(call, "dropout must be in [0, 1), not " + std::to_string(o.dropout));
+  for (auto [id, name] : {std::pair{o.pad_id, "pad_id"}, {o.bos_id, "bos_id"}, {o.eos_id, "eos_id"}})
+    if (id < 0 || id >= o.vocab_size)
+      fail(call, std::string(name) + " " + std::to_string(id) + " is outside the vocabulary [0, " +
+                     std::to_string(o.vocab_size) + ")");
+  if (o.pad_id == o.bos_id || o.pad_id == o.eos_id)
+    fail(call, "pad_id must differ from bos_id and eos_id (a padded position is masked)");
+
+  SeededInit seeded(o.seed);
+  embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size, o.d_model));
+  {
+    torch::NoGradGuard no_grad;
+    embed_->weight.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(o.d_model)));
+  }
+  dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
+  // torch's defaults otherwise: post-norm (norm_first is false in Python, and the C++ layers have
+  // no other), ReLU, xavier_uniform_ on every matrix (TransformerImpl::reset_parameters, as
+  // Python's _reset_parameters).
+  transformer_ = register_module(
+      "transformer", torch::nn::Transformer(torch::nn::TransformerOptions(o.d_model, o.heads)
+                                                .num_encoder_layers(o.encoder_layers)
+                                                .num_decoder_layers(o.decoder_layers)
+                                                .dim_feedforward(o.feedforward)
+                                                .dropout(o.dropout)));
+
+  auto pos = torch::arange(o.max_len, torch::kFloat).unsqueeze(1);
+  auto freq = torch::exp(torch::arange(0, o.d_model, 2, torch::kFloat) *
+                         (-std::log(10000.0) / static_cast<double>(o.d_model)));
+  auto pe = torch::zeros({o.max_len, o.d_model});
+  using torch::indexing::None;
+  using torch::indexing::Slice;
+  pe.index_put_({Slice(), Slice(0, None, 2)}, torch::sin(pos * freq));
+  pe.index_put_({Slice(), Slice(1, None, 2)}, torch::cos(pos * freq));
+  positions_ = register_buffer("positions", pe);
+}
+
+void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const char* call) const {
+  if (!ids.defined() || ids.dim() != 2 || ids.scalar_type() != torch::kLong)
+    fail(call, std::string(what) + " must be int64 [batch, length]");
+  if (ids.size(1) < 1 || ids.size(1) > options_.max_len)
+    fail(call, std::string(what) + " has length " + std::to_string(ids.size(1)) +
+                   ", outside [1, max_len = " + std::to_string(options_.max_len) + "]");
+}
+
+torch::Tensor Seq2SeqImpl::embed(const torch::Tensor& ids) {
+  const int64_t len = ids.size(1);
+  auto x = embed_(ids) * std::sqrt(static_cast<double>(options_.d_model));
+  return dropout_(x + positions_.narrow(0, 0, len).unsqueeze(0)).transpose(0, 1);
+}
+
+torch::Tensor Seq2SeqImpl::encode(const torch::Tensor& src) {
+  check_ids(src, "src", "Seq2Seq::encode");
+  auto& encoder = *transformer_->encoder.ptr<torch::nn::TransformerEncoderImpl>();
+  return encoder.forward(embed(src), /*src_mask=*/{}, /*src_key_padding_mask=*/src.eq(options_.pad_id));
+}
+
+torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tensor& src,
+                                  const torch::Tensor& tgt_in) {
+  const char* call = "Seq2Seq::decode";
+  check_ids(src, "src", call);
+  check_ids(tgt_in, "tgt_in", call);
+  if (src.size(0) != tgt_in.size(0))
+    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
+                   std::to_string(tgt_in.size(0)));
+  auto& decoder = *transformer_->decoder.ptr<torch::nn::TransformerDecoderImpl>();
+  // -inf above the diagonal: position t sees the targets up to t (float, as Python's
+  // Transformer.generate_square_subsequent_mask).
+  auto causal = torch::nn::TransformerImpl::generate_square_subsequent_mask(tgt_in.size(1))
+                    .to(memory.device());
+  auto h = decoder.forward(embed(tgt_in), memory, causal, /*memory_mask=*/{},
+                           /*tgt_key_padding_mask=*/tgt_in.eq(options_.pad_id),
+                           /*memory_key_padding_mask=*/src.eq(options_.pad_id));
+  // The output projection is the embedding (model.h): [T, b, d] -> [b, T, vocab].
+  return torch::nn::functional::linear(h.transpose(0, 1), embed_->weight);
+}
+
+torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+  const char* call = "Seq2Seq::forward";
+  check_ids(src, "src", call);
+  check_ids(tgt_in, "tgt_in", call);
+  if (src.size(0) != tgt_in.size(0))
+    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
+                   std::to_string(tgt_in.size(0)));
+  return decode(encode(src), src, tgt_in);
+}
+
+torch::Tensor Seq2SeqImpl::greedy_decode(const torch::Tensor& src, int64_t max_len) {
+  const char* call = "Seq2Seq::greedy_decode";
+  check_ids(src, "src", call);
+  if (max_len < 1 || max_len > options_.max_len)
+    fail(call, "max_len " + std::to_string(max_len) + " is outside [1, options' max_len = " +
+                   std::to_string(options_.max_len) + "]");
+  torch::NoGradGuard no_grad;
+  const int64_t batch = src.size(0);
+  auto memory = encode(src);  // once: the decoder's steps all read it
+  auto ys = torch::full({batch, 1}, options_.bos_id, src.options());
+  auto done = torch::zeros({batch}, src.options().dtype(torch::kBool));
+  for (int64_t t = 0; t < max_len; ++t) {
+    // The whole prefix again at each step (no cached keys and values): simple, and exactly the
+    // forward that training runs.
+    auto next = decode(memory, src, ys).select(1, t).argmax(-1);
+    next = torch::where(done, torch::full_like(next, options_.pad_id), next);
+    ys = torch::cat({ys, next.unsqueeze(1)}, 1);
+    done = done | next.eq(options_.eos_id);
+    if (done.all().item<bool>()) break;  // one host sync a step
+  }
+  return ys.narrow(1, 1, ys.size(1) - 1);
+}
+
+torch::Tensor seq2seq_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t pad_id) {
+  if (logits.dim() != 3 || targets.dim() != 2 || logits.size(0) != targets.size(0) ||
+      logits.size(1) != targets.size(1)) {
+    std::ostringstream s;
+    s << "seq2seq_loss: logits " << logits.sizes() << " and targets " << targets.sizes()
+      << " must be [batch, T, vocab] and [batch, T]";
+    throw std::invalid_argument(s.str());
+  }
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1),
+                          F::CrossEntropyFuncOptions().ignore_index(pad_id));
+}
+
+}  // namespace kit
