@@ -10,6 +10,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "kit/check/observe.h"  // model_to(), training_forward(): for the capstone's checker
+
 namespace kit {
 namespace {
 
@@ -140,7 +142,15 @@ torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor
   if (src.size(0) != tgt_in.size(0))
     fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
                    std::to_string(tgt_in.size(0)));
+  // Each training forward's weights, for the checker (are the copies of all ranks the same?).
+  if (is_training() && torch::GradMode::is_enabled())
+    observe::training_forward(*this, ++training_forwards_);
   return decode(encode(src), src, tgt_in);
+}
+
+void Seq2SeqImpl::to(torch::Device device, bool non_blocking) {
+  observe::model_to(device);  // where each rank puts its model, for the checker
+  torch::nn::Module::to(device, non_blocking);
 }
 
 torch::Tensor Seq2SeqImpl::greedy_decode(const torch::Tensor& src, int64_t max_len) {

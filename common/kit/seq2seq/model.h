@@ -80,6 +80,9 @@ class Seq2SeqImpl : public torch::nn::Module {
   torch::Tensor greedy_decode(const torch::Tensor& src, int64_t max_len);
 
   const Seq2SeqOptions& options() const { return options_; }
+  // Module::to, told to the checker first (kit/check/observe.h), as TransformerLM's.
+  void to(torch::Device device, bool non_blocking = false) override;
+  using torch::nn::Module::to;
   torch::nn::Embedding& embedding() { return embed_; }
   torch::nn::Transformer& transformer() { return transformer_; }
 
@@ -92,6 +95,7 @@ class Seq2SeqImpl : public torch::nn::Module {
   torch::nn::Dropout dropout_{nullptr};
   torch::nn::Transformer transformer_{nullptr};
   torch::Tensor positions_;  // sinusoidal position codes [max_len, d_model], a buffer
+  int64_t training_forwards_ = 0;  // numbers each training forward for the checker's trace
 };
 TORCH_MODULE(Seq2Seq);
 

@@ -351,8 +351,9 @@ def check_all_reduce(v, run, ranks, rules):
                   f"({a:.5f} vs {b:.5f}): each reported only its own share")
             return
     # What every rank put in and what rank 0 reported: the reported numbers must be the means of
-    # all-reduced values, or (an evaluation) the ratios of an all-reduced [loss sum, count] pair
-    # or [loss sum, correct predictions, count] triple to its count (the last value).
+    # all-reduced values, or (an evaluation) the ratios of an all-reduced [loss sum, count] pair,
+    # [loss sum, correct predictions, count] triple or [sums..., count] (the capstone's ROUGE) to
+    # its count (the last value).
     calls = [[kv(f) for f in run.events(r, "all_reduce")] for r in range(ranks)]
     n = min(len(c) for c in calls)
     ins = [[[float(x) for x in calls[r][k]["in"].split(",")] for r in range(ranks)]
@@ -363,7 +364,7 @@ def check_all_reduce(v, run, ranks, rules):
             means.append(sum(v[0] for v in x) / ranks)
             sums.append(sum(v[0] for v in x))
             own.append(x[0][0])
-        elif len({len(values) for values in x}) == 1 and len(x[0]) in (2, 3) and x[0][-1]:
+        elif len({len(values) for values in x}) == 1 and len(x[0]) >= 2 and x[0][-1]:
             count = sum(v[-1] for v in x)
             for i in range(len(x[0]) - 1):
                 means.append(sum(v[i] for v in x) / count)

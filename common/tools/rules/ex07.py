@@ -1,0 +1,285 @@
+"""The capstone (the news summariser on XSum): which runs, which data, which TODO is which.
+
+The data is a generated corpus in XSum's raw format, prepared as a participant prepares the real
+one (`./kit data xsum generate`, then `prepare`: a SentencePiece tokenizer and one HDF5 file), so
+the check needs the Python that `./kit data xsum prepare` finds (sentencepiece, h5py, numpy).
+
+The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2 on 2
+ranks (FLAG_RUNS) and under the device check; this file adds a run on 4 ranks (RANKS4), where 4
+does not divide the training batches and one rank gets no evaluation batch. The solution runs
+with the same flags. A TODO passes when:
+  1  every rank joins with kit::setup() on its own device (exercise 01's judge), and the process
+     group is closed at the end;
+  2  in every epoch the ranks train on disjoint examples, take the same number of steps, and
+     together cover as many examples as the solution's run; the validation examples are read
+     once each, by one rank;
+  3  the copies of the model start every step with the same weights and the gradients were
+     averaged by DistributedDataParallel (--strategy ddp);
+  4  every reported number is the mean over the ranks (training) or a ratio of sums added up
+     over the ranks (evaluation loss and ROUGE), rank 0 alone prints them, rank 0 alone writes
+     the model files;
+  5  --strategy zero2 runs without DDP, its gradients reduce-scattered (each rank keeps a shard),
+     every rank's copy of the weights the same at every step, to the solution's losses;
+and the closing row: the run on 2 and on 4 ranks reaches the solution's losses and ROUGE."""
+import math
+import os
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from checklib import compare, engine, judges
+from checklib.runs import kv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))))
+KIT = os.path.join(ROOT, "kit")
+
+# A small model on few examples: the check looks at behaviour, not at quality. 50 training
+# examples in batches of 4 are 13 batches (the last of 2): 2 ranks take 6 steps each and leave one
+# batch out, 4 ranks take 3 each and leave one out. 20 evaluation examples in batches of 8 are 3
+# batches: on 2 ranks 2 and 1, on 4 ranks one rank has none. Every flag a TODO reads differs
+# from its default (kit/train/summariser_args.h).
+RUN_FLAGS = ["--epochs", "2", "--batch-size", "4", "--eval-batch-size", "8",
+             "--train-examples", "50", "--eval-examples", "20", "--max-document-len", "48",
+             "--max-summary-len", "12", "--d-model", "32", "--heads", "2",
+             "--encoder-layers", "1", "--decoder-layers", "1", "--feedforward", "64",
+             "--dropout", "0", "--seed", "7", "--show", "2", "--lr", "0.002"]
+EPOCHS = 2
+NODES_FLAGS = list(RUN_FLAGS)
+NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
+NODES_FLAGS += ["--max-steps", "2"]
+FLAG_RUNS = {"zero2": RUN_FLAGS + ["--strategy", "zero2"]}
+RANKS4 = 4
+RUN_ENV = {"KIT_TIMEOUT": "15"}
+# The generated corpus (common/data/XSUM.md): the summary copies the names of the first sentence.
+CORPUS = ["--train", "200", "--validation", "40", "--test", "40", "--seed", "3"]
+VOCAB = ["--vocab-size", "1000"]
+
+NUM = r"([0-9.]+|nan|inf)"
+LOSS_LINE = re.compile(rf"train loss {NUM}, validation loss {NUM}, ROUGE-1 {NUM}, "
+                       rf"ROUGE-2 {NUM}, ROUGE-L {NUM}")
+TEST_LINE = re.compile(rf"test loss {NUM}, ROUGE-1 {NUM}, ROUGE-2 {NUM}, ROUGE-L {NUM}")
+REPORTED = ("training loss", "validation loss", "validation ROUGE-1", "validation ROUGE-2",
+            "validation ROUGE-L")
+# Per epoch: the training mean, the validation [loss sum, tokens] and [ROUGE sums, examples];
+# then the test's two.
+REDUCED = 3 * EPOCHS + 2
+LOSS_TOL = 2e-5
+SAVED_FILES = ("model-best.pt", "model-final.pt")
+COLLECTIVE_FILES = {"ddp.cpp": "ddp", "zero.cpp": "zero2"}
+RESULT_LINES = (LOSS_LINE, TEST_LINE)
+ALL_REDUCE_WHAT = ("reported numbers cover all ranks (the training mean averaged; the evaluation's "
+                   "loss sum and token count, ROUGE sums and example count added up)")
+PLACES = {"init": ("kit::Seq2Seq model(", "the line that creates the model"),
+          "forward": ("kit::Seq2Seq model(", "the model's options (dropout, sizes)"),
+          "update": ("torch::optim::AdamW adamw(", "the line that creates the optimizer"),
+          "checkpoint": ("kit::save0(model, args.out_dir + \"/model-best.pt\")", "the best model's save"),
+          "final": ("evaluate(model, test,", "the final evaluation")}
+LABELS = {"include": "1", "setup": "1", "destroy": "1", "data": "2", "eval-data": "2",
+          "ddp": "3", "all_reduce": "4", "print0": "4", "save0": "4", "zero2": "5"}
+
+
+def data_key():
+    return CORPUS + VOCAB
+
+
+def prepare_data(check, directory):
+    """The generated corpus, prepared by `./kit data xsum`, as a participant would (made once)."""
+    data = os.path.join(directory, "xsum")
+    q = lambda s: "'" + s.replace("'", "'\\''") + "'"  # noqa: E731
+    script = (f"{q(KIT)} data xsum generate {q(data)} {' '.join(CORPUS)} && "
+              f"{q(KIT)} data xsum prepare {q(data)} {' '.join(VOCAB)}")
+    try:
+        return engine.generated_data(data, ["sh", "-c", script], "xsum.h5")
+    except Exception as e:  # one line: what the check could not make, and how to make it
+        out = getattr(e, "stderr", b"") or b""
+        sys.stderr.write(f"check: the generated XSum corpus could not be prepared: "
+                         f"{out.decode(errors='replace').strip().splitlines()[-1:] or e}\n")
+        raise SystemExit(2)
+
+
+def losses(run):
+    """Rank 0's printed numbers, in order (each epoch's five, then the test's four)."""
+    log = run.logs.get(0, "")
+    out = [float(x) for m in LOSS_LINE.finditer(log) for x in m.groups()]
+    return out + [float(x) for m in TEST_LINE.finditer(log) for x in m.groups()]
+
+
+def passes(run, rank, split):
+    """The example indices `rank` read of `split`, one list per pass (a pass: consecutive reads
+    of that split; training and evaluation alternate)."""
+    out, current = [], None
+    for kind, fields in run.traces.get(rank, []):
+        if kind != "sample":
+            continue
+        name = fields.split(" ", 1)[0]
+        if name != split:
+            current = None
+            continue
+        if current is None:
+            current = []
+            out.append(current)
+        current.append(int(kv(fields)["index"]))
+    return out
+
+
+def steps_of(run, rank):
+    return len(run.events(rank, "step"))
+
+
+def judge_data(v, run, reference, ranks, label):
+    """TODO 2 on one run: training batches and evaluation batches shared out."""
+    what = f"each rank trains on its own batches, all ranks as many steps ({label})"
+    train = [passes(run, r, "train") for r in range(ranks)]
+    ref_train = [passes(reference, r, "train") for r in range(ranks)]
+    if not any(train):
+        if run.finished():
+            v.add("data", False, what, "no training example was read")
+        else:
+            v.unreached("data", what, "the run stopped before the first batch")
+        return
+    epochs = min(len(t) for t in train)
+    problem = ""
+    for e in range(epochs):
+        sets = [set(t[e]) for t in train]
+        union = set().union(*sets)
+        total = sum(len(s) for s in sets)
+        if ranks > 1 and all(s == union for s in sets):
+            problem = (f"all {ranks} ranks read the same {len(union)} training examples in epoch "
+                       f"{e + 1}: every rank trains on every batch")
+            break
+        if total > len(union):
+            problem = (f"in epoch {e + 1} {total - len(union)} training example(s) were read by "
+                       "more than one rank: the ranks' batches overlap")
+            break
+        want = len(set().union(*(set(t[e]) for t in ref_train if len(t) > e)))
+        if len(union) < want:
+            problem = (f"in epoch {e + 1} the ranks read {len(union)} training examples together, "
+                       f"the solution's {want}: batches were left out that every rank could take")
+            break
+    counts = [steps_of(run, r) for r in range(ranks)]
+    if not problem and len(set(counts)) > 1:
+        problem = (f"the ranks took different numbers of steps ({', '.join(map(str, counts))}): "
+                   "a rank with a step more waits in its gradients' collective for the others")
+    v.add("data", not problem, what, problem)
+
+    what = f"each validation example is evaluated once, by one rank ({label})"
+    valid = [passes(run, r, "validation") for r in range(ranks)]
+    ref_valid = set().union(*(set(p[0]) for r in range(reference.ranks)
+                              for p in [passes(reference, r, "validation")] if p))
+    firsts = [p[0] if p else [] for p in valid]
+    if not any(firsts):
+        if run.finished():
+            v.add("eval-data", False, what, "no validation example was read")
+        else:
+            v.unreached("eval-data", what, "the run stopped before the first evaluation")
+        return
+    union = set().union(*map(set, firsts))
+    total = sum(map(len, firsts))
+    if ranks > 1 and all(set(f) == union for f in firsts):
+        why = f"all {ranks} ranks evaluated all {len(union)} validation examples"
+    elif total > len(union):
+        why = f"{total - len(union)} validation example(s) were evaluated by more than one rank"
+    elif union != ref_valid:
+        why = (f"together the ranks evaluated {len(union)} of the {len(ref_valid)} validation "
+               "examples")
+    else:
+        why = ""
+    v.add("eval-data", not why, what, why)
+
+
+def judge_zero2(v, check):
+    what = ("--strategy zero2: no DDP, the gradients reduce-scattered, every rank's weights the "
+            "same at every step, the solution's losses")
+    mine, theirs = check.flag_runs.get("zero2", (None, None))
+    if mine is None:
+        v.unreached("zero2", what, "the runs before it did not finish")
+        return
+    if not mine.finished():
+        v.add("zero2", False, what, f"the run with --strategy zero2 fails: {mine.failure()}")
+        return
+    ranks = mine.ranks
+    kinds = [[kv(f).get("kind") for f in mine.events(r, "coll")] for r in range(ranks)]
+    problem = ""
+    if any(mine.events(r, "ddp") for r in range(ranks)):
+        problem = ("the model is still wrapped in DistributedDataParallel: ZeRO-2's optimizer "
+                   "averages the gradients itself (twice over, with DDP)")
+    elif not all("reduce_scatter" in k for k in kinds):
+        problem = ("no gradient was reduce-scattered: every rank still keeps every averaged "
+                   "gradient and all of AdamW's state")
+    else:
+        fps = [{kv(f)["step"]: kv(f)["params"] for f in mine.events(r, "forward")}
+               for r in range(ranks)]
+        differ = [s for s in sorted(set.intersection(*map(set, fps)), key=int)
+                  if len({f[s] for f in fps}) > 1]
+        if differ:
+            problem = f"the ranks start step {differ[0]} with different weights"
+        else:
+            a, b = losses(mine), losses(theirs)
+            if len(a) != len(b) or any(not math.isclose(x, y, rel_tol=1e-4, abs_tol=LOSS_TOL)
+                                       for x, y in zip(a, b)):
+                problem = (f"the printed numbers {a[:3]}... differ from the solution's "
+                           f"{b[:3]}... (the same flags with --strategy zero2)")
+    v.add("zero2", not problem, what, problem)
+
+
+def run4(check):
+    """The student's build and the solution on RANKS4 ranks, at once."""
+    a = check.args
+    with ThreadPoolExecutor(1) as pool:
+        mine = pool.submit(check.launch, a.binary, f"ranks{RANKS4}", RANKS4, "node", check.data,
+                           RUN_FLAGS)
+        base = a.reference_dir or check.workdir
+        if a.reference_dir:
+            from checklib.runs import Locked
+            with Locked(a.reference_dir):
+                theirs = engine.reference_run(check, base, check.data, "four", RUN_FLAGS,
+                                              ranks=RANKS4)
+        else:
+            theirs = engine.reference_run(check, base, check.data, "four", RUN_FLAGS,
+                                          ranks=RANKS4)
+        return mine.result(), theirs
+
+
+def same_numbers(mine, theirs):
+    a, b = losses(mine), losses(theirs)
+    ok = bool(a) and len(a) == len(b) and all(
+        math.isclose(x, y, rel_tol=1e-4, abs_tol=LOSS_TOL) for x, y in zip(a, b))
+    return ok, a, b
+
+
+def judge(check):
+    v, many, ranks = check.verdicts, check.many, check.ranks
+    joined = judges.check_setup(v, many, check.nodes, check.source, ranks)
+    four = four_ref = None
+    if joined:
+        judge_data(v, many, check.reference, ranks, f"{ranks} ranks")
+        if many.finished():
+            four, four_ref = run4(check)
+            if four.finished():
+                judge_data(v, four, four_ref, RANKS4, f"{RANKS4} ranks")
+            else:
+                v.add("data", False, f"the run on {RANKS4} ranks gets to its end",
+                      four.failure() or "it did not finish")
+        judges.check_ddp(v, many, ranks)
+    else:
+        for concept in ("data", "ddp"):
+            v.add(concept, False, "needs setup()", "without it every process is rank 0 of 1",
+                  cause="setup")
+    judges.check_all_reduce(v, many, ranks, check.rules)
+    judges.check_print0(v, many, ranks, check.rules)
+    judges.check_save0(v, many, ranks, check.rules)
+    judges.check_destroy(v, many, ranks)
+    if joined and many.finished():
+        judge_zero2(v, check)
+    else:
+        v.unreached("zero2", "--strategy zero2 shards the state", "the run on several ranks "
+                    "did not get to its end")
+    ok, a, b = same_numbers(many, check.reference)
+    differs = "" if ok else f"your numbers {a[-4:]} vs the solution's {b[-4:]}"
+    if ok and four is not None:
+        ok4, a4, b4 = same_numbers(four, four_ref)
+        if not ok4:
+            differs = f"on {RANKS4} ranks your numbers {a4[-4:]} vs the solution's {b4[-4:]}"
+    compare.judge_run(check, f"your runs on {ranks} and {RANKS4} ranks reach the solution's "
+                      "losses and ROUGE scores", differs)
