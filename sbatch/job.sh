@@ -2,7 +2,7 @@
 # sbatch/job.sh: the checks and settings that every job script of the kit shares. The job
 # scripts (sbatch/<exercise>/*.sbatch) source it; it is not a program of its own.
 #
-#   kit_job_init NAME [--no-data | --cifar10 | --era5]
+#   kit_job_init NAME [--no-data | --cifar10 | --era5 | --xsum]
 #                       checks the job and sets the KIT_* variables below, or stops the job with
 #                       one line on stderr (in the job's %x-%j.err file) saying what to do:
 #                         * the site profile KIT_SITE does not exist;
@@ -11,7 +11,9 @@
 #                           checked with --no-data, for a program that reads none (exercise 00);
 #                           with --cifar10, CIFAR-10's six binary files instead of WikiText-2;
 #                           with --era5, the weather fields of exercise 06 (train/, valid/ and
-#                           stats/ in NERSC's layout, common/kit/data/era5.h);
+#                           stats/ in NERSC's layout, common/kit/data/era5.h); with --xsum,
+#                           the capstone's xsum.h5, which `./kit data xsum DIR` prepares on the
+#                           login node (common/data/XSUM.md);
 #                         * the job has no GPU, or more tasks per node were requested than GPUs;
 #                         * fewer CPUs than tasks on a node.
 #                       Then it runs the site profile's kit_site_env (modules, network settings).
@@ -31,7 +33,8 @@
 #   KIT_DATA           the data folder: $KIT_DATA_DIR, else $WIKITEXT2_DIR, else
 #                      $HOME/data/wikitext-2 (the download script's default); with --cifar10
 #                      $KIT_DATA_DIR, else $CIFAR10_DIR, else $HOME/data/cifar-10; with --era5
-#                      $KIT_DATA_DIR, else $ERA5_DIR, else $HOME/data/era5
+#                      $KIT_DATA_DIR, else $ERA5_DIR, else $HOME/data/era5; with --xsum
+#                      $KIT_DATA_DIR, else $XSUM_DIR, else $HOME/data/xsum (./kit data's default)
 #   KIT_OUT            where the trainer writes metrics.csv and the models:
 #                      $KIT_OUT_DIR, else runs/<job name>-<job id> in the folder you submitted from
 #   KIT_GPUS_PER_NODE  the GPUs this job has on each node (from --gres)
@@ -143,12 +146,13 @@ kit_run_site_env() {
 }
 
 kit_job_init() {
-  local name=$1 needs_data=1 cifar10=0 era5=0
+  local name=$1 needs_data=1 cifar10=0 era5=0 xsum=0
   case ${2:-} in
     '') ;;
     --no-data) needs_data=0 ;;
     --cifar10) cifar10=1 ;;  # exercise 02's data, CIFAR-10's binary files
     --era5) era5=1 ;;        # exercise 06's data, weather fields in NERSC's HDF5 layout
+    --xsum) xsum=1 ;;        # the capstone's data, XSum tokenised into one HDF5 file
     *) kit_die "kit_job_init: unknown option '$2' (the job script is broken)" ;;
   esac
   KIT_JOB_NAME=${SLURM_JOB_NAME:-$name}
@@ -198,6 +202,16 @@ kit_job_init() {
           "NERSC's course data (train/, valid/, stats/; where to get it: exercise 06's page)" \
           "or at fields made with '$KIT_BUILD/bin/make_weather --out DIR'"
     done
+  fi
+  if [ "$xsum" = 1 ]; then
+    # Prepared on the login node (download, tokenizer, HDF5): nothing of it can happen here.
+    # xsum.h5 appears under its name only when complete (xsum_data.py writes a .part first).
+    needs_data=0
+    KIT_DATA=${KIT_DATA_DIR:-${XSUM_DIR:-${HOME:-}/data/xsum}}
+    [ -s "$KIT_DATA/xsum.h5" ] ||
+      kit_die "the data is not prepared: $KIT_DATA/xsum.h5 is missing; compute nodes have no" \
+        "internet, so on the login node run '$KIT_ROOT/kit data xsum $KIT_DATA' and submit" \
+        "with XSUM_DIR=$KIT_DATA (or KIT_DATA_DIR)"
   fi
   for split in train valid test; do
     [ "$needs_data" = 0 ] || [ -s "$KIT_DATA/wiki.$split.tokens" ] ||
