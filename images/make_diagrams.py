@@ -623,10 +623,227 @@ def cp_attention():
              "one reduce-scatter of their gradients backward", size=16, weight="bold")
     return [("cp-attention.svg", svg)]
 
+
+# --- the capstone: the news summariser (deck 11) -------------------------------------------------
+
+def capstone_login():
+    """Where the data is made: the login node has the internet, the compute nodes do not."""
+    svg = Svg(1180, 470, "The capstone's data: downloaded and prepared on the login node, into one "
+                         "HDF5 file on the shared file system that every compute node reads")
+    # the internet
+    svg.rect(20, 40, 230, 150, fill=PAPER, stroke=MUTED, rx=12, dash="6 4")
+    svg.text(135, 72, "the internet", size=19, weight="bold")
+    for i, line in enumerate(("huggingface.co", "bollin.inf.ed.ac.uk", "raw.githubusercontent.com")):
+        svg.text(135, 104 + i * 24, line, size=14, mono=True, fill=MUTED)
+    svg.text(135, 178, "(or $XSUM_URL: a mirror)", size=13, fill=MUTED)
+    # the login node
+    lx, lw = 320, 440
+    svg.rect(lx, 20, lw, 260, fill=LIGHT[0], stroke=COLORS[0], rx=12)
+    svg.text(lx + lw / 2, 50, "login node", size=20, weight="bold", fill=COLORS[0])
+    svg.text(lx + lw / 2, 78, "./kit data xsum $SCRATCH/xsum", size=16, mono=True)
+    steps = ["① download: 254.6 MB archive + split file,",
+             "    each SHA-256 checked before it is kept",
+             "② raw/{train,validation,test}.jsonl: read from",
+             "    the archive (a file per article), never unpacked",
+             "③ SentencePiece tokenizer, on the training split",
+             "④ every split tokenised → xsum.h5 (written as",
+             "    .xsum.h5.part, renamed when complete)"]
+    for i, line in enumerate(steps):
+        indent = 22 if line.startswith(" ") else 0
+        svg.text(lx + 22 + indent, 110 + i * 23, line.strip(), size=15, anchor="start")
+    svg.arrow(250, 115, lx - 2, 115, sw=2.5)
+    svg.text(285, 105, "https", size=13, fill=MUTED)
+    # the shared file system
+    fx, fy = 850, 40
+    svg.rect(fx, fy, 300, 220, fill=PAPER, stroke=INK, rx=12)
+    svg.text(fx + 150, fy + 30, "shared file system", size=18, weight="bold")
+    svg.text(fx + 150, fy + 54, "$SCRATCH/xsum/", size=15, mono=True, fill=MUTED)
+    svg.rect(fx + 40, fy + 72, 220, 52, fill=SUM, stroke=INK, rx=8)
+    svg.text(fx + 150, fy + 105, "xsum.h5", size=20, mono=True, fill="white", weight="bold")
+    for i, line in enumerate(("xsum.model (the tokenizer)", "raw/, download/: no job reads them")):
+        svg.text(fx + 150, fy + 150 + i * 24, line, size=14, fill=MUTED)
+    svg.text(fx + 150, fy + 204, "one file: all a job reads", size=15, weight="bold")
+    svg.arrow(lx + lw, 160, fx - 2, 160, sw=2.5)
+    # the compute nodes
+    cy = 320
+    svg.rect(320, cy, 830, 130, fill="white", stroke=MUTED, rx=12)
+    svg.text(340, cy + 28, "compute nodes: no route to the internet", size=18, weight="bold", anchor="start")
+    for n in range(3):
+        nx = 340 + n * 200
+        svg.rect(nx, cy + 44, 180, 70, fill=LIGHT[2 + n % 2], stroke=COLORS[2 + n % 2], rx=8)
+        svg.text(nx + 90, cy + 72, f"node {n}", size=16, weight="bold")
+        svg.text(nx + 90, cy + 96, "ranks of ex07", size=14, fill=MUTED)
+    svg.text(1040, cy + 70, "…", size=30, fill=MUTED)
+    svg.path(f"M{fx + 150},{fy + 220} V{cy - 2}", sw=2.5, arrow=True)
+    svg.text(fx + 160, 296, "read", size=14, anchor="start", fill=MUTED)
+    # the cut to the internet
+    svg.path(f"M330,{cy + 60} H135 V192", stroke=COLORS[4], sw=2.5, dash="8 6", arrow=True)
+    svg.text(135, 262, "✗", size=44, fill=COLORS[4], weight="bold")
+    for i, line in enumerate(("no download here:", "a job cannot fetch", "what is missing")):
+        svg.text(160, 228 + i * 20, line, size=14, anchor="start", fill=COLORS[4])
+    return [("capstone-login-node.svg", svg)]
+
+
+def capstone_h5():
+    """The layout of xsum.h5: groups, and how one example is found (tokens and offsets)."""
+    svg = Svg(1180, 490, "The layout of xsum.h5: a tokenizer group and one group per split, whose "
+                         "tokens are concatenated and found by offsets")
+    # the tree
+    rows = [(0, "xsum.h5", "format kit-xsum, format_version 1, vocab_size,", True),
+            (0, "", "pad/unk/bos/eos ids 0–3, tokenizer_sha256, source", False),
+            (1, "tokenizer/", "model (the SentencePiece file), pieces,", True),
+            (1, "", "piece_offsets, piece_kinds: ids → text in C++", False),
+            (1, "train/", "document_tokens, summary_tokens  int32", True),
+            (1, "", "document_offsets, summary_offsets  int64", False),
+            (1, "", "document_lengths, summary_lengths  int32", False),
+            (1, "", "ids (BBC article numbers); attrs: examples", False),
+            (1, "validation/", "the same datasets", True),
+            (1, "test/", "the same datasets", True)]
+    y = 46
+    for depth, name, what, new in rows:
+        if new and name:
+            y += 8
+            x = 30 + depth * 34
+            if depth:
+                svg.path(f"M42,{y - 24} V{y - 6} H{x - 6}", stroke=GRID, sw=2)
+            svg.text(x, y, name, size=17, anchor="start", mono=True, weight="bold",
+                     fill=COLORS[0] if depth == 0 else INK)
+        svg.text(210, y, what, size=14, anchor="start", fill=MUTED)
+        y += 24
+    # a split: tokens and offsets
+    x0, y0, cw = 660, 70, 21
+    svg.text(900, 40, "one split: examples end to end", size=18, weight="bold")
+    lengths = [5, 3, 6, 4, 4]
+    pos = 0
+    offsets = [0]
+    svg.text(x0 - 10, y0 + 130, "document_tokens", size=14, anchor="end", mono=True)
+    for i, n in enumerate(lengths):
+        for k in range(n):
+            svg.rect(x0 + (pos + k) * cw, y0 + 112, cw - 2, 28, fill=LIGHT[i], stroke=COLORS[i], sw=1.2, rx=2)
+        svg.text(x0 + (pos + n / 2) * cw, y0 + 160, str(i), size=14, fill=COLORS[i], weight="bold")
+        pos += n
+        offsets.append(pos)
+    svg.text(x0 - 10, y0 + 160, "example", size=14, anchor="end", fill=MUTED)
+    svg.text(x0 - 18, y0 + 30, "document_offsets", size=14, anchor="end", mono=True)
+    for i, off in enumerate(offsets):
+        bx = x0 + i * 38 - 10
+        svg.rect(bx, y0 + 10, 34, 30, fill="white", stroke=INK, sw=1.2, rx=3)
+        svg.text(bx + 17, y0 + 31, str(off), size=14, mono=True)
+        svg.path(f"M{bx + 17},{y0 + 40} L{x0 + off * cw - 1},{y0 + 110}", stroke=MUTED, sw=1.2, arrow=True)
+    notes = ["example i = tokens[offsets[i] : offsets[i+1]]",
+             "lengths = the offsets' differences: kept in",
+             "memory, they cut the batches by length",
+             "get(i): one small read of one example"]
+    for i, line in enumerate(notes):
+        svg.text(x0 - 20, y0 + 196 + i * 23, line, size=15, anchor="start", weight="bold" if i == 0 else "normal")
+    # against many files
+    svg.rect(30, 350, 1120, 120, fill=PAPER, stroke=GRID, rx=10)
+    svg.text(50, 382, "226,711 files, one per article", size=17, anchor="start", weight="bold")
+    svg.text(50, 408, "an open (a metadata-server request) per article and epoch,", size=15, anchor="start")
+    svg.text(50, 430, "to the servers that every job on the machine shares", size=15, anchor="start")
+    svg.text(620, 382, "one xsum.h5", size=17, anchor="start", weight="bold", fill=COLORS[0])
+    svg.text(620, 408, "one open per split and rank; then reads of byte ranges,", size=15, anchor="start")
+    svg.text(620, 430, "served by the storage servers, not the metadata servers", size=15, anchor="start")
+    svg.line(590, 365, 590, 455, stroke=GRID, sw=2)
+    return [("capstone-xsum-h5.svg", svg)]
+
+
+def capstone_model():
+    """kit::Seq2Seq in one picture: encoder, decoder, the shared embedding, the masks, greedy
+    decoding."""
+    svg = Svg(1180, 560, "kit::Seq2Seq: an encoder-decoder Transformer with one shared embedding, "
+                         "padding and causal masks, and greedy decoding")
+    ex, dx, w = 40, 470, 330      # encoder column, decoder column, their width
+    def box(x, y, h, label, kind, sub_label=None, size=16):
+        fill, stroke = (PAPER, INK) if kind is None else (LIGHT[kind], COLORS[kind])
+        svg.rect(x, y, w, h, fill=fill, stroke=stroke, rx=8)
+        svg.text(x + w / 2, y + (h / 2 + 6 if not sub_label else h / 2 - 2), label, size=size)
+        if sub_label:
+            svg.text(x + w / 2, y + h / 2 + 18, sub_label, size=13, fill=MUTED)
+    svg.text(ex + w / 2, 30, "encoder: reads the article", size=19, weight="bold", fill=COLORS[0])
+    svg.text(dx + w / 2, 30, "decoder: writes the summary", size=19, weight="bold", fill=COLORS[1])
+    # inputs
+    box(ex, 470, 46, "document ids [batch, S]", None, None)
+    box(dx, 470, 46, "<s> + summary ids [batch, T]", None, None)
+    # the shared embedding
+    svg.rect(ex + 60, 392, dx + w - ex - 120, 50, fill=SUM, stroke=INK, rx=8)
+    svg.text((ex + dx + w) / 2, 416, "one embedding E [vocab, d_model]: × √d_model, + sinusoidal positions", size=15,
+             fill="white", weight="bold")
+    svg.text((ex + dx + w) / 2, 435, "the same matrix at both inputs and at the output", size=13, fill="white")
+    svg.arrow(ex + w / 2, 470, ex + w / 2, 444, sw=2)
+    svg.arrow(dx + w / 2, 470, dx + w / 2, 444, sw=2)
+    # encoder stack
+    svg.arrow(ex + w / 2, 392, ex + w / 2, 356, sw=2)
+    svg.rect(ex, 190, w, 164, fill="white", stroke=COLORS[0], rx=10, dash="6 4")
+    svg.text(ex + 12, 210, "× encoder_layers", size=13, anchor="start", fill=COLORS[0])
+    box(ex, 288, 56, "self-attention", 0, "src key padding mask")
+    svg.arrow(ex + w / 2, 288, ex + w / 2, 272, sw=1.5)
+    box(ex, 220, 50, "feed-forward (ReLU)", 0)
+    box(ex, 120, 46, "LayerNorm → memory [S, batch, d]", 0)
+    svg.arrow(ex + w / 2, 190, ex + w / 2, 168, sw=2)
+    # decoder stack
+    svg.arrow(dx + w / 2, 392, dx + w / 2, 366, sw=2)
+    svg.rect(dx, 150, w, 214, fill="white", stroke=COLORS[1], rx=10, dash="6 4")
+    svg.text(dx + 12, 170, "× decoder_layers", size=13, anchor="start", fill=COLORS[1])
+    box(dx, 304, 54, "masked self-attention", 1, "causal mask + tgt key padding mask")
+    box(dx, 240, 54, "cross-attention to memory", 1, "memory key padding mask")
+    box(dx, 180, 46, "feed-forward (ReLU)", 1)
+    for y1, y2 in ((304, 294), (240, 226)):
+        svg.arrow(dx + w / 2, y1, dx + w / 2, y2, sw=1.5)
+    box(dx, 90, 46, "LayerNorm, then h · Eᵀ", 1)
+    svg.arrow(dx + w / 2, 150, dx + w / 2, 138, sw=2)
+    svg.arrow(dx + w / 2, 90, dx + w / 2, 70, sw=2)
+    svg.text(dx + w / 2, 60, "logits [batch, T, vocab] → cross-entropy, pad ignored", size=14)
+    # memory into the cross-attention
+    svg.path(f"M{ex + w},{143} H{ex + w + 40} V{267} H{dx - 2}", sw=2, arrow=True)
+    svg.text(ex + w + 6, 134, "memory", size=14, anchor="start", fill=MUTED)
+    svg.text((ex + dx + w) / 2, 546, "the layers are torch::nn::Transformer's (post-norm), "
+             "so PyTorch's module computes the same numbers", size=13, fill=MUTED)
+    # the output projection is E again
+    svg.path(f"M{dx + w - 60},{417} H{dx + w + 22} V{113} H{dx + w + 2}", stroke=MUTED, sw=1.8,
+             dash="6 4", arrow=True)
+    svg.text(dx + w + 26, 260, "E", size=16, anchor="start", fill=MUTED, weight="bold")
+    # the masks
+    mx, my, c = 850, 70, 17
+    svg.text(mx, my - 20, "masks (a row: what a query sees)", size=15, anchor="start", weight="bold")
+    svg.text(mx, my + 2, "padding: a pad key is never seen", size=13, anchor="start", fill=MUTED)
+    for q in range(4):
+        for k in range(6):
+            seen = k < 4
+            svg.rect(mx + k * c, my + 12 + q * c, c - 2, c - 2, fill=LIGHT[0] if seen else "url(#idle)",
+                     stroke=COLORS[0] if seen else GRID, sw=1, rx=1)
+    svg.text(mx + 6 * c + 8, my + 12 + 2 * c + 4, "2 pads", size=12, anchor="start", fill=MUTED)
+    my2 = my + 112
+    svg.text(mx, my2 - 8, "causal (decoder): no later word", size=13, anchor="start", fill=MUTED)
+    for q in range(5):
+        for k in range(5):
+            seen = k <= q
+            svg.rect(mx + k * c, my2 + q * c, c - 2, c - 2, fill=LIGHT[1] if seen else "url(#idle)",
+                     stroke=COLORS[1] if seen else GRID, sw=1, rx=1)
+    # greedy decoding
+    gx, gy = 850, 300
+    svg.rect(gx, gy, 310, 226, fill=PAPER, stroke=INK, rx=10)
+    svg.text(gx + 155, gy + 28, "greedy decoding (evaluation)", size=16, weight="bold")
+    lines = ["memory = encode(document)  # once",
+             "ys = <s>",
+             "repeat at most max_len times:",
+             "  logits = decode(memory, ys)",
+             "  next = argmax(last position)",
+             "  ys += next  # pad after </s>",
+             "until every row wrote </s>",
+             "the whole prefix again each step:",
+             "no cached keys and values"]
+    for i, line in enumerate(lines):
+        svg.text(gx + 14 + (22 if line.startswith(" ") else 0), gy + 56 + i * 20, line.strip(),
+                 size=13, anchor="start", mono=i < 7,
+                 fill=INK if i < 7 else MUTED)
+    return [("capstone-seq2seq.svg", svg)]
+
+
 def all_diagrams():
     out = []
     for make in (collectives, ring, ranks, ddp_steps, ddp_overlap, launch, zero, pipeline, tensor_parallel, three_d,
-                 tp_mlp, tp_block, cp_attention):
+                 tp_mlp, tp_block, cp_attention, capstone_login, capstone_h5, capstone_model):
         out.extend(make())
     return out
 

@@ -109,7 +109,8 @@ def cmd_refs(tmp):
 EXERCISE_DECK = {"00-collectives": "00-collectives.md", "01-transformer-lm-ddp": "02-exercise-01.md",
                  "02-resnet-cifar10-ddp": "06-exercise-02.md", "03-transformer-lm-zero": "05-beyond-ddp.md",
                  "04-transformer-lm-tp": "09-exercise-04.md",
-                 "05-transformer-lm-pp": "10-exercise-05.md"}
+                 "05-transformer-lm-pp": "10-exercise-05.md",
+                 "07-xsum-summariser": "11-capstone.md"}
 
 
 def kit_names_of_solutions(exercise):
