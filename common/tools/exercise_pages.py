@@ -103,7 +103,8 @@ def facts(ex):
 def todo_range(labels):
     if not labels:
         return ""
-    return f"{label_key(labels[0])}-{labels[-1].split('-')[-1]}"
+    lo, hi = str(label_key(labels[0])), labels[-1].split('-')[-1]
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def page_head(fx):
@@ -117,7 +118,7 @@ def page_head(fx):
            "## The TODOs", ""]
     for f, n in fx["counts"]:
         link = f"[`{f['exercise']}`]({rel(f['exercise'], here)})"
-        out.append(f"- {link}: " + (f"{n} TODOs" if n else "no TODOs, to use as it is"))
+        out.append(f"- {link}: " + (f"{n} TODO{'s' if n > 1 else ''}" if n else "no TODOs, to use as it is"))
     out += ["", "| TODO | where | what to do |", "|---|---|---|"]
     for label in fx["labels"]:
         where = ", ".join(f"[{os.path.basename(p)}:{line}]({rel(p, here)}#L{line})"
@@ -136,8 +137,9 @@ def page_head(fx):
             f"./kit check {short}                 # build yours, {runs}, judge "
             f"every TODO" + (f" ({todo_range(trainer_labels)})" if trainer_labels else "")]
     if "job" in info.get("check", {}) and job_labels:
-        out.append(f"./kit check {short} --job           # your job script (TODOs "
-                   f"{todo_range(job_labels)}) on this machine's test Slurm (root)")
+        todos = todo_range(job_labels)
+        out.append(f"./kit check {short} --job           # your job script (TODO"
+                   f"{'s' if '-' in todos else ''} {todos}) on this machine's test Slurm (root)")
         out.append(f"./kit check {short} --job-output .  # the job you submitted on a cluster, "
                    f"from its .out and runs/")
     out += [f"./kit check {short} --keep          # the same, and keep every run's folder and "

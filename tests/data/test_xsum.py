@@ -331,6 +331,10 @@ def badinput(tool, reader, work):
     empty = os.path.join(work, "empty")
     os.makedirs(empty, exist_ok=True)
     refused("no xsum.h5", empty, "./kit data xsum")
+    # A data folder that does not exist at all: the hint names that folder, not its parent.
+    nowhere = os.path.join(work, "not-prepared")
+    r = run([reader, nowhere, "validation"])
+    one_line_error(r, "a data folder that does not exist", f"./kit data xsum {nowhere} ")
 
     def truncate(path):
         size = os.path.getsize(path)

@@ -17,7 +17,12 @@
 #  5. exercise 05 with NCCL: pp 1 on one GPU, then, with 2 GPUs, pp 2 under gpipe, 1f1b and
 #     interleaved, with 4, pp 4 (one rank a GPU, dropout 0): each run's final test loss must be
 #     pp 1's (ex05-gpu.txt, the logs ex05-*.log).
-#  The short checks (1-5) come before the benchmarks (6-9), so that a run stopped at a time
+#  5b. the capstone (exercise 07), where HDF5 was found and prepared XSum data is at hand
+#     ($KIT_XSUM_DIR, or one generated and prepared here when this python3 has sentencepiece and
+#     h5py: `./kit data xsum generate`, `prepare`): its solution on one GPU with --strategy ddp
+#     and zero2, and with 2 GPUs on 2 ranks each: every run must end with its final line, and
+#     zero2's numbers must be ddp's within 1e-3 relative (ex07-gpu.txt, the logs ex07-*.log).
+#  The short checks (1-5b) come before the benchmarks (6-9), so that a run stopped at a time
 #  limit has them.
 #  6. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
 #     each (tests/bench/run_bench.py --device cuda): step time, samples/s, wait after backward;
@@ -187,7 +192,7 @@ targets=(gpu_tests ddp_tests bench_ddp bench_collectives host_syncs ex01-solutio
 if grep -q 'HDF5 not found' "$RESULTS/configure.log"; then
   say "HDF5 not found: exercise 06 is not built here (Debian: libhdf5-dev; a module: cray-hdf5, HDF5)"
 else
-  targets+=(ex06-exercise ex06-solution make_weather)
+  targets+=(ex06-exercise ex06-solution make_weather ex07-solution)
 fi
 say "building ${targets[*]} with $JOBS jobs (log: $RESULTS/build.log)"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$RESULTS/build.log" 2>&1; then
@@ -281,6 +286,50 @@ else
     [ "$gpus" -ge 2 ] || echo "pipelines need 2 GPUs (one rank a GPU): not run on $gpus"
   } 2>&1 | tee "$RESULTS/ex05-gpu.txt"
   grep -q FAILED "$RESULTS/ex05-gpu.txt" && status=1
+fi
+
+# --- the capstone on the GPUs: DDP and ZeRO-2 with NCCL ---------------------------------------------
+xsum=${KIT_XSUM_DIR:-}
+if [ -z "$xsum" ] && [ -x "$BUILD/bin/ex07-solution" ] &&
+    "$PYTHON" -c 'import sentencepiece, h5py, numpy' >/dev/null 2>&1; then
+  xsum=$BUILD/xsum-generated
+  { "$ROOT/kit" data xsum generate "$xsum" --seed 5 &&
+    KIT_PYTHON=$PYTHON "$ROOT/kit" data xsum prepare "$xsum" --vocab-size 1000; } \
+    >"$RESULTS/ex07-data.log" 2>&1 || xsum=""
+fi
+if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] || [ ! -x "$BUILD/bin/ex07-solution" ] || [ -z "$xsum" ]; then
+  say "the capstone not run on the GPU (it needs a GPU, a CUDA torch, HDF5 and prepared data:" \
+      "KIT_XSUM_DIR, or sentencepiece and h5py in $PYTHON)" | tee "$RESULTS/ex07-gpu.txt"
+else
+  rm -rf "$BUILD/ex07-gpu"
+  say "the capstone on the GPUs: DDP and ZeRO-2 with NCCL ($xsum)"
+  ex07_numbers() {  # NAME RANKS FLAGS...: the final line's four numbers, or nothing
+    local name=$1 ranks=$2
+    shift 2
+    "$BUILD/bin/ddprun" --nproc-per-node "$ranks" -- "$BUILD/bin/ex07-solution" \
+        --data-dir "$xsum" --out-dir "$BUILD/ex07-gpu/$name" --epochs 2 --train-examples 1000 \
+        --eval-examples 100 --dropout 0 "$@" >"$RESULTS/ex07-$name.log" 2>&1 || return 0
+    sed -n 's/^final test loss \([0-9.]*\), ROUGE-1 \([0-9.]*\), ROUGE-2 \([0-9.]*\), ROUGE-L \([0-9.]*\)$/\1 \2 \3 \4/p' \
+        "$RESULTS/ex07-$name.log" | head -n 1
+  }
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ), GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    shapes=("1")
+    [ "$gpus" -ge 2 ] && shapes+=("2")
+    for ranks in "${shapes[@]}"; do
+      ddp=$(ex07_numbers "ddp$ranks" "$ranks" --strategy ddp)
+      zero=$(ex07_numbers "zero2-$ranks" "$ranks" --strategy zero2)
+      if [ -n "$ddp" ] && [ -n "$zero" ] && awk -v a="$ddp" -v b="$zero" 'BEGIN {
+          n = split(a, x, " "); split(b, y, " ");
+          for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
+          exit 0 }'; then
+        echo "$ranks GPU(s): ddp (test loss, ROUGE-1, -2, -L) $ddp; zero2 $zero: equal within 1e-3"
+      else
+        echo "$ranks GPU(s): ddp ${ddp:-none (see ex07-ddp$ranks.log)}, zero2 ${zero:-none (see ex07-zero2-$ranks.log)}: FAILED"
+      fi
+    done
+  } 2>&1 | tee "$RESULTS/ex07-gpu.txt"
+  grep -q FAILED "$RESULTS/ex07-gpu.txt" && status=1
 fi
 
 # --- the benchmark on one GPU ---------------------------------------------------------------------

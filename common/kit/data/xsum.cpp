@@ -167,7 +167,10 @@ struct XsumDataset::Handles {
 XsumDataset::XsumDataset(const std::string& path, const std::string& split, XsumOptions options)
     : open_(std::make_shared<Handles>()), split_(split), options_(std::move(options)) {
   std::error_code ec;
-  const bool is_dir = fs::is_directory(path, ec);
+  // A folder, or a path that is not there and does not name an .h5 file: the folder the login
+  // node prepares (DIR/xsum.h5), so that the hint below names DIR itself, not its parent.
+  const bool is_dir = fs::is_directory(path, ec) ||
+                      (!fs::exists(path, ec) && fs::path(path).extension() != ".h5");
   file_ = is_dir ? (fs::path(path) / "xsum.h5").string() : path;
   const std::string dir = fs::path(file_).parent_path().string();
   if (!fs::exists(file_, ec)) fail("no " + file_ + ": " + prepare_hint(dir.empty() ? "." : dir));

@@ -172,5 +172,6 @@ def not_judged_note(exercise):
         return None
     files = sorted({f for f, _, _ in other})
     lo, hi = min(a for _, a, _ in other), max(b for _, _, b in other)
-    return (f"  \u00b7 TODOs {lo}-{hi} ({', '.join(files)}) are not judged here: "
+    todos, are = (f"TODO {lo}", "is") if lo == hi else (f"TODOs {lo}-{hi}", "are")
+    return (f"  \u00b7 {todos} ({', '.join(files)}) {are} not judged here: "
             f"./kit check {exercise[:2]} --job runs the job script on a test Slurm")
