@@ -201,12 +201,18 @@ expect_rank_reports() {
   return "$ok"
 }
 
-# expect_rank0_once: each of rank 0's lines appears exactly once.
-expect_rank0_once() {
-  local ok=0
-  expect_count 1 '^\[1/1\] train loss [0-9.]+, validation loss [0-9.]+ \(perplexity [0-9.]+\)$' || ok=1
-  expect_count 1 '^final test loss [0-9.]+ \(perplexity [0-9.]+\)$' || ok=1
+# expect_once PATTERN...: each pattern matches exactly one line of the job's output (rank 0's
+# result lines: printed once, not once per rank).
+expect_once() {
+  local ok=0 re
+  for re in "$@"; do expect_count 1 "$re" || ok=1; done
   return "$ok"
+}
+
+# expect_rank0_once: each of rank 0's lines of exercise 01's trainer appears exactly once.
+expect_rank0_once() {
+  expect_once '^\[1/1\] train loss [0-9.]+, validation loss [0-9.]+ \(perplexity [0-9.]+\)$' \
+              '^final test loss [0-9.]+ \(perplexity [0-9.]+\)$'
 }
 
 expect_state() {

@@ -20,13 +20,9 @@ JOB_DATA=$IMAGES submit "$work/job" "$ROOT/sbatch/02-resnet-cifar10-ddp/solution
 check "job completes" expect_state COMPLETED
 check "8 ranks on 2 nodes, local rank = rank % 4" expect_ranks 8 4
 check "the job reads the CIFAR-10 folder it was given" expect_count 1 "^ex02: data: $IMAGES, output: "
-expect_lines_once() {
-  local ok=0
-  expect_count 1 '^\[1/1\] train loss [0-9.]+, test loss [0-9.]+, test accuracy [0-9.]+$' || ok=1
-  expect_count 1 '^final test loss [0-9.]+, test accuracy [0-9.]+$' || ok=1
-  return "$ok"
-}
-check "rank 0's lines appear once" expect_lines_once
+check "rank 0's lines appear once" expect_once \
+  '^\[1/1\] train loss [0-9.]+, test loss [0-9.]+, test accuracy [0-9.]+$' \
+  '^final test loss [0-9.]+, test accuracy [0-9.]+$'
 check "no error in the .err file" expect_count 0 'error' "$ERR"
 [ "$FAILED" -eq 0 ] || show
 finish

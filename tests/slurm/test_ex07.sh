@@ -61,13 +61,9 @@ fi
 JOB_DATA=$xsum submit "$work/solution" "$SCRIPT" -- "${FLAGS[@]}"
 check "2 x 4 job completes" expect_state COMPLETED
 check "8 ranks on 2 nodes, local rank = rank % 4" expect_ranks 8 4
-expect_numbers_once() {
-  local ok=0
-  expect_count 1 '^\[1/1\] train loss [0-9.]+, validation loss [0-9.]+, ROUGE-1 [0-9.]+, ROUGE-2 [0-9.]+, ROUGE-L [0-9.]+$' || ok=1
-  expect_count 1 '^final test loss [0-9.]+, ROUGE-1 [0-9.]+, ROUGE-2 [0-9.]+, ROUGE-L [0-9.]+$' || ok=1
-  return "$ok"
-}
-check "rank 0's numbers once" expect_numbers_once
+check "rank 0's numbers once" expect_once \
+  '^\[1/1\] train loss [0-9.]+, validation loss [0-9.]+, ROUGE-1 [0-9.]+, ROUGE-2 [0-9.]+, ROUGE-L [0-9.]+$' \
+  '^final test loss [0-9.]+, ROUGE-1 [0-9.]+, ROUGE-2 [0-9.]+, ROUGE-L [0-9.]+$'
 
 slurm_line=$(final_loss "$OUT")
 DATA=$xsum
