@@ -82,15 +82,19 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& o) : options_(o
   }
 
   // Sinusoidal position codes: a buffer, not a parameter, so nothing to learn or to average.
-  auto pos = torch::arange(o.max_len, torch::kFloat).unsqueeze(1);
-  auto freq = torch::exp(torch::arange(0, o.d_model, 2, torch::kFloat) *
-                         (-std::log(10000.0) / static_cast<double>(o.d_model)));
-  auto pe = torch::zeros({o.max_len, o.d_model});
-  pe.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, torch::indexing::None, 2)},
-                torch::sin(pos * freq));
-  pe.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, torch::indexing::None, 2)},
-                torch::cos(pos * freq));
-  positions_ = register_buffer("positions", pe);
+  positions_ = register_buffer("positions", sinusoidal_positions(o.max_len, o.d_model));
+}
+
+torch::Tensor sinusoidal_positions(int64_t max_len, int64_t d_model) {
+  auto pos = torch::arange(max_len, torch::kFloat).unsqueeze(1);
+  auto freq = torch::exp(torch::arange(0, d_model, 2, torch::kFloat) *
+                         (-std::log(10000.0) / static_cast<double>(d_model)));
+  auto pe = torch::zeros({max_len, d_model});
+  using torch::indexing::None;
+  using torch::indexing::Slice;
+  pe.index_put_({Slice(), Slice(0, None, 2)}, torch::sin(pos * freq));
+  pe.index_put_({Slice(), Slice(1, None, 2)}, torch::cos(pos * freq));
+  return pe;
 }
 
 void TransformerLMImpl::to(torch::Device device, bool non_blocking) {

@@ -16,6 +16,11 @@
 
 namespace kit {
 
+// The sinusoidal position codes of "Attention is all you need", [max_len, d_model] float32:
+// sin at even columns, cos at odd ones. A buffer for every model of the kit that adds positions
+// (TransformerLM, ParallelTransformerLM, Seq2Seq): nothing to learn, shard or average.
+torch::Tensor sinusoidal_positions(int64_t max_len, int64_t d_model);
+
 struct TransformerLMOptions {
   int64_t vocab_size = 0;
   int64_t d_model = 128;

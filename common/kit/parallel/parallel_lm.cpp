@@ -118,16 +118,8 @@ ParallelTransformerLMImpl::ParallelTransformerLMImpl(const TransformerLMOptions&
     gen.set_state(before);
   }
 
-  // Sinusoidal position codes, as TransformerLM's (a buffer: nothing to learn or to average).
-  auto pos = torch::arange(o.max_len, torch::kFloat).unsqueeze(1);
-  auto freq = torch::exp(torch::arange(0, o.d_model, 2, torch::kFloat) *
-                         (-std::log(10000.0) / static_cast<double>(o.d_model)));
-  auto pe = torch::zeros({o.max_len, o.d_model});
-  using torch::indexing::None;
-  using torch::indexing::Slice;
-  pe.index_put_({Slice(), Slice(0, None, 2)}, torch::sin(pos * freq));
-  pe.index_put_({Slice(), Slice(1, None, 2)}, torch::cos(pos * freq));
-  positions_ = register_buffer("positions", pe);
+  // Sinusoidal position codes, TransformerLM's (a buffer: nothing to learn or to average).
+  positions_ = register_buffer("positions", sinusoidal_positions(o.max_len, o.d_model));
 }
 
 void ParallelTransformerLMImpl::to(torch::Device device, bool non_blocking) {

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "kit/check/observe.h"  // model_to(), training_forward(): for the capstone's checker
+#include "kit/models/transformer_lm.h"  // sinusoidal_positions(): exercise 01's position codes
 
 namespace kit {
 namespace {
@@ -84,15 +85,7 @@ Seq2SeqImpl::Seq2SeqImpl(const Seq2SeqOptions& o) : options_(o) {
                                                 .dim_feedforward(o.feedforward)
                                                 .dropout(o.dropout)));
 
-  auto pos = torch::arange(o.max_len, torch::kFloat).unsqueeze(1);
-  auto freq = torch::exp(torch::arange(0, o.d_model, 2, torch::kFloat) *
-                         (-std::log(10000.0) / static_cast<double>(o.d_model)));
-  auto pe = torch::zeros({o.max_len, o.d_model});
-  using torch::indexing::None;
-  using torch::indexing::Slice;
-  pe.index_put_({Slice(), Slice(0, None, 2)}, torch::sin(pos * freq));
-  pe.index_put_({Slice(), Slice(1, None, 2)}, torch::cos(pos * freq));
-  positions_ = register_buffer("positions", pe);
+  positions_ = register_buffer("positions", sinusoidal_positions(o.max_len, o.d_model));
 }
 
 void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const char* call) const {
