@@ -22,6 +22,7 @@ with the same flags. A TODO passes when:
      every rank's copy of the weights the same at every step, every step's loss the solution's
      with the same flags;
 and the closing row: the run on 2 and on 4 ranks reaches the solution's losses and ROUGE."""
+import contextlib
 import math
 import os
 import re
@@ -29,7 +30,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from checklib import compare, engine, judges
-from checklib.runs import kv
+from checklib.runs import Locked, kv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
@@ -277,15 +278,10 @@ def run4(check):
     with ThreadPoolExecutor(1) as pool:
         mine = pool.submit(check.launch, a.binary, f"ranks{RANKS4}", RANKS4, "node", check.data,
                            RUN_FLAGS)
-        base = a.reference_dir or check.workdir
-        if a.reference_dir:
-            from checklib.runs import Locked
-            with Locked(a.reference_dir):
-                theirs = engine.reference_run(check, base, check.data, "four", RUN_FLAGS,
-                                              ranks=RANKS4)
-        else:
-            theirs = engine.reference_run(check, base, check.data, "four", RUN_FLAGS,
-                                          ranks=RANKS4)
+        # One solution run at a time per flag set, shared between checks (--reference-dir).
+        with Locked(a.reference_dir) if a.reference_dir else contextlib.nullcontext():
+            theirs = engine.reference_run(check, a.reference_dir or check.workdir, check.data,
+                                          "four", RUN_FLAGS, ranks=RANKS4)
         return mine.result(), theirs
 
 
