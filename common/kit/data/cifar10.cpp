@@ -17,7 +17,7 @@ namespace {
 
 using F = Cifar10Format;
 
-const char* const kDownloadHint =
+const char* const kCifarDownloadHint =
     "compute nodes have no internet: run common/data/download_cifar10.sh on the login node";
 
 // "30730000 bytes (10000 images of 3073 bytes)": sizes in messages always say what they count.
@@ -31,14 +31,14 @@ int64_t checked_size(const fs::path& path) {
   std::error_code ec;
   const std::string where = path.string();
   if (!fs::exists(path, ec))
-    throw DataError("CIFAR-10 not found: " + where + " is missing (" + kDownloadHint + ")");
+    throw DataError("CIFAR-10 not found: " + where + " is missing (" + kCifarDownloadHint + ")");
   if (!fs::is_regular_file(path, ec))
     throw DataError(where + " is not a regular file (a directory or a device?)");
   const auto size = static_cast<int64_t>(fs::file_size(path, ec));
   if (ec) throw DataError("cannot read the size of " + where + ": " + ec.message());
   if (size == 0)
     throw DataError(where + " is empty (0 bytes), expected " + bytes_of(F::kImagesPerFile) +
-                    ": an interrupted download? " + kDownloadHint);
+                    ": an interrupted download? " + kCifarDownloadHint);
   if (size % (F::kRecordBytes + 1) == 0 && size % F::kRecordBytes != 0)
     throw DataError(where + " has records of " + std::to_string(F::kRecordBytes + 1) +
                     " bytes (CIFAR-100's format, two labels per image), expected " +
@@ -101,7 +101,7 @@ Cifar10Dataset load_cifar10(const std::string& dir, Cifar10Split split, int64_t 
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw DataError("CIFAR-10 not found: the directory " + dir + " does not exist (" +
-                    kDownloadHint + ")");
+                    kCifarDownloadHint + ")");
   const std::vector<std::string> files = cifar10_files(dir, split);
   // Sizes first, of every file: a truncated data_batch_5.bin is reported at once, even when
   // `limit` means it would not be read.
@@ -114,7 +114,7 @@ Cifar10Dataset load_cifar10(const std::string& dir, Cifar10Split split, int64_t 
     if (sizes[k] != largest)
       throw DataError(files[k] + " is " + std::to_string(sizes[k]) + " bytes, expected " +
                       bytes_of(largest / F::kRecordBytes) + " like the other training files: " +
-                      "a truncated copy? " + kDownloadHint);
+                      "a truncated copy? " + kCifarDownloadHint);
 
   std::vector<int64_t> labels;
   std::vector<uint8_t> pixels;

@@ -63,7 +63,7 @@ std::string Vocabulary::decode(const torch::Tensor& ids) const {
 
 namespace {
 
-const char* const kDownloadHint =
+const char* const kWikiTextDownloadHint =
     "Compute nodes have no internet: run common/data/download_wikitext2.sh ";
 
 // 1-based line number of byte `offset` (for messages that point into a file).
@@ -104,7 +104,7 @@ std::string read_checked(const fs::path& path) {
   std::error_code ec;
   const std::string where = path.string();
   if (!fs::exists(path, ec))
-    throw DataError("WikiText-2 not found: " + where + " is missing. " + kDownloadHint +
+    throw DataError("WikiText-2 not found: " + where + " is missing. " + kWikiTextDownloadHint +
                     path.parent_path().string() + " on the login node first.");
   if (!fs::is_regular_file(path, ec))
     throw DataError(where + " is not a regular file (a directory or a device?)");
@@ -180,7 +180,7 @@ WikiText2 load_wikitext2(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec))
     throw DataError("WikiText-2 not found: the directory " + dir + " does not exist. " +
-                    kDownloadHint + dir + " on the login node first.");
+                    kWikiTextDownloadHint + dir + " on the login node first.");
   if (!fs::is_directory(dir, ec))
     throw DataError("WikiText-2 not found: " + dir + " is not a directory");
 

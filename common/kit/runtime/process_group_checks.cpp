@@ -37,7 +37,7 @@ namespace {
 // number, kind, reduction, element count, dtype and source line) and compare. A rank that calls a
 // different collective, or the same one with another shape, is named at once, instead of a hang
 // until the timeout or silently wrong numbers.
-constexpr int64_t kFields = 6;
+constexpr int64_t kCheckFields = 6;
 const char* kKinds[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
 int64_t kind_id(const char* kind) {
   for (int64_t i = 0; i < 5; ++i)
@@ -107,7 +107,7 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     // tensor to take the device from, and NCCL moves nothing else).
     auto mine = torch::tensor({seq, kind_id(kind), opid, numel, dtype, static_cast<int64_t>(site.line)},
                               torch::kLong).to(device());
-    auto all = torch::empty({size_ * kFields}, mine.options());
+    auto all = torch::empty({size_ * kCheckFields}, mine.options());
     auto check = std::make_shared<Work::Impl>(*w);
     check->what = w->what + ", comparing it across ranks (KIT_DEBUG_COLLECTIVES)";
     auto all_wire = wire(all, *check), mine_wire = wire(mine, *check);
@@ -118,10 +118,10 @@ std::shared_ptr<Work::Impl> ProcessGroup::enter(const char* kind, const torch::T
     }
     Work(check).wait();
     auto v = all.cpu();
-    auto at = [&](int r, int f) { return v[r * kFields + f].item<int64_t>(); };
+    auto at = [&](int r, int f) { return v[r * kCheckFields + f].item<int64_t>(); };
     for (int r = 0; r < size_; ++r) {
       bool same = true;
-      for (int f = 0; f < kFields - 1; ++f) same = same && at(r, f) == at(rank_, f);
+      for (int f = 0; f < kCheckFields - 1; ++f) same = same && at(r, f) == at(rank_, f);
       if (same) continue;
       auto describe = [&](int them) {
         int64_t k = at(them, 1);

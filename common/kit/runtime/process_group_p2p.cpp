@@ -28,7 +28,7 @@ constexpr int kTagLimit = 1 << 30;
 // dimensions and up to kDims sizes (a tensor of more dimensions is compared on its first kDims
 // and its element count).
 constexpr int64_t kDims = 6;
-constexpr int64_t kFields = 5 + kDims;
+constexpr int64_t kP2pFields = 5 + kDims;
 
 const char* kind_name(int kind) { return kind == ProcessGroup::P2POp::kSend ? "send" : "recv"; }
 
@@ -173,7 +173,7 @@ void before_p2p_wait(Work::Impl& w) {
   auto theirs = p.theirs.cpu(), mine = p.mine.cpu();
   auto at = [](const torch::Tensor& t, int64_t i) { return t[i].item<int64_t>(); };
   bool same = true;
-  for (int64_t f = 2; f < kFields; ++f) same = same && at(theirs, f) == at(mine, f);
+  for (int64_t f = 2; f < kP2pFields; ++f) same = same && at(theirs, f) == at(mine, f);
   if (same) return;
   auto describe = [&](const torch::Tensor& t) {
     std::string shape = "[";

@@ -25,7 +25,7 @@ std::shared_ptr<torch::nn::Module> held(std::vector<pp::Chunk>& chunks) {
   return all;
 }
 
-std::string shard_path(const std::string& dir, const Mesh& mesh) {
+std::string pp_shard_path(const std::string& dir, const Mesh& mesh) {
   return dir + "/" + Checkpoints::shard_file(mesh.rank(), mesh.layout().world_size());
 }
 
@@ -39,7 +39,7 @@ void save_pp_checkpoint(const std::string& dir, const Mesh& mesh, std::vector<pp
   optimizer.save(state);
   archive.write("model", weights);
   archive.write("optimizer", state);
-  write_atomically(shard_path(dir, mesh), archive, "pp checkpoint");
+  write_atomically(pp_shard_path(dir, mesh), archive, "pp checkpoint");
   if (mesh.rank() == 0)
     write_atomically(dir + "/MANIFEST",
                      "kit-pp-checkpoint 1\nworld " + std::to_string(mesh.layout().world_size()) +
@@ -65,7 +65,7 @@ void load_pp_checkpoint(const std::string& dir, const Mesh& mesh, std::vector<pp
                             mine + ": each rank's file holds the blocks of its stage in that split");
   const torch::Device device = chunks.front().parameters().front().device();
   torch::serialize::InputArchive archive, weights, state;
-  archive.load_from(shard_path(dir, mesh), device);
+  archive.load_from(pp_shard_path(dir, mesh), device);
   archive.read("model", weights);
   archive.read("optimizer", state);
   // Everything read before anything is changed.

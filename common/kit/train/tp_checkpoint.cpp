@@ -24,7 +24,7 @@ std::string mesh_line(const Mesh& mesh) {
   return s.str();
 }
 
-std::string shard_path(const std::string& dir, const Mesh& mesh) {
+std::string tp_shard_path(const std::string& dir, const Mesh& mesh) {
   return dir + "/" + Checkpoints::shard_file(mesh.rank(), mesh.layout().world_size());
 }
 
@@ -42,7 +42,7 @@ void save_tp_checkpoint(const std::string& dir, ParallelTransformerLM& model,
   archive.write("model", weights);
   archive.write("optimizer", state);
   archive.write("streams", streams);
-  write_atomically(shard_path(dir, mesh), archive, "tp checkpoint");
+  write_atomically(tp_shard_path(dir, mesh), archive, "tp checkpoint");
   if (mesh.rank() == 0)
     write_atomically(dir + "/MANIFEST", "kit-tp-checkpoint 1\n" + mesh_line(mesh) + "\n",
                      "tp checkpoint");
@@ -64,7 +64,7 @@ void load_tp_checkpoint(const std::string& dir, ParallelTransformerLM& model,
                             "mesh (load the whole model with load_from() to change tp)");
   const torch::Device device = model->parameters().front().device();
   torch::serialize::InputArchive archive, weights, state, streams;
-  archive.load_from(shard_path(dir, mesh), device);
+  archive.load_from(tp_shard_path(dir, mesh), device);
   archive.read("model", weights);
   archive.read("optimizer", state);
   archive.read("streams", streams);
