@@ -25,6 +25,20 @@ namespace kit {
 using detail::first_line;
 
 namespace {
+// Returns once every one of the `size` members has made its group on `store` (a counter on the
+// store). A Gloo member's group is ready once its own connections are; a member that went on and
+// stopped at once (a flag refused right after, on every rank alike) would reset a connection
+// another member was still making, whose one line would then be "Connection reset by peer"
+// instead of the refusal. PyTorch's init_process_group has this barrier too
+// (_store_based_barrier), off by default since 2023 (TORCH_DIST_INIT_BARRIER=1 turns it on)
+// because it costs at thousands of ranks; here it is two store calls a member.
+void wait_for_every_member(const c10::intrusive_ptr<c10d::Store>& store, int size,
+                           std::chrono::milliseconds timeout) {
+  if (size <= 1) return;
+  if (store->add("members_ready", 1) == size) store->set("all_ready", std::vector<uint8_t>{1});
+  store->wait({"all_ready"}, timeout);
+}
+
 std::string joined(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
@@ -128,6 +142,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, Ca
     if (backend_ == "nccl") sub->backend = compat::make_nccl(sub->store, rank, size, sub->timeout);
 #endif
     if (backend_ == "gloo") sub->backend = compat::make_gloo(sub->store, rank, size, sub->timeout);
+    wait_for_every_member(sub->store, size, sub->timeout);
   } catch (const std::exception& e) {
     throw CommError(call + " could not make its " + backend_ + " group " + list + ": " +
                     first_line(e.what()));
@@ -216,6 +231,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::
 #endif
   if (backend == "gloo") impl->backend = compat::make_gloo(store, rank, size, timeout);
   if (!impl->backend) throw CommError("backend '" + backend + "' is not available in this LibTorch");
+  wait_for_every_member(store, size, timeout);
   return std::make_shared<ProcessGroup>(impl, rank, size, backend);
 }
 
