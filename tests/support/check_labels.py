@@ -12,10 +12,10 @@ import sys
 
 def readme_labels(path):
     text = " ".join(open(path, encoding="utf-8").read().split())
-    m = re.search(r"reruns one area: ([a-z, ]+)\.", text)
+    m = re.search(r"reruns one area: ([a-z_, ()]+)\.", text)
     if not m:
         sys.exit(f"check_labels.py: {path} has no sentence 'reruns one area: <labels>.'")
-    return [label.strip() for label in m.group(1).split(",")]
+    return [re.sub(r"\(.*\)", "", label).strip() for label in m.group(1).split(",")]
 
 
 def count(ctest, build, label):
