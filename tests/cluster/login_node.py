@@ -12,13 +12,16 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
      up loopback only (no route to anything, the package index included), and drops to `nobody`,
      with PYTHON's folder first on PATH;
   3. as that user: `./kit demo --epochs 1 --max-steps 3` (the README's set-up: build, then 2
-     ranks on Gloo), then, for every exercise (exercises/*/info.toml: a new one adds itself),
-     `./kit stage NN LAST && ./kit check NN`, the solution's files over the exercise's, which must
-     pass every TODO; for exercise 01, the README's first, also `./kit check 01` on the exercise as
-     shipped before, which must fail and name its first TODO ("fix first: TODO 1"). `./kit check`
-     builds whatever its runs need (the exercise, the solution, info.toml's [check] tools and
-     preload): nothing else is built before it, so a target the check forgets is a failure
-     here (issue 40: exercise 03's stopped runs preload lib/libkit_test_hooks.so).
+     ranks on Gloo), then, for the exercises of ON_THE_LOGIN_NODE, `./kit stage NN LAST &&
+     ./kit check NN`, the solution's files over the exercise's, which must pass every TODO; for
+     exercise 01, the README's first, also `./kit check 01` on the exercise as shipped before,
+     which must fail and name its first TODO ("fix first: TODO 1"). `./kit check` builds whatever
+     its runs need (the exercise, the solution, info.toml's [check] tools and preload): nothing
+     else is built before it, so a target the check forgets is a failure here (issue 40:
+     exercise 03's stopped runs preload lib/libkit_test_hooks.so). ON_THE_LOGIN_NODE holds one
+     exercise for each thing a check needs (a data tool, a preloaded library, data prepared in
+     Python); the test fails when an exercise's [check] needs a tool or library that none of
+     them builds.
 Each step must succeed, say which torch it built against and how it got Gloo's headers, and
 nothing may ask for root (no apt-get, no sudo) or the network.
 
@@ -94,14 +97,23 @@ def morning(scene, site, version):
            and "load the site's PyTorch module" in lines[0],
            "no torch and no network: one error line naming the fix, exit 2, no .venv left", out)
 
-    # ./kit check on every exercise finished, and on exercise 01 (the README's first exercise) as
-    # shipped too (the trainers built against the CUDA torch, run on the CPU with Gloo, judged
-    # TODO by TODO). The finished exercise's check runs every run its rules have and builds every
-    # target they need; an exercise as shipped stops at its first TODO, which student.NN-exercise
-    # judges in the main build. Checking the others as shipped here too cost 6 checks and 6
-    # compiles, about 5 minutes of CI's (tests/README.md).
+    # ./kit check on the exercises of ON_THE_LOGIN_NODE finished, and on exercise 01 (the README's
+    # first exercise) as shipped too (the trainers built against the CUDA torch, run on the CPU
+    # with Gloo, judged TODO by TODO). The finished exercise's check runs every run its rules have
+    # and builds every target they need; an exercise as shipped stops at its first TODO, which
+    # student.NN-exercise judges in the main build. Checking the others as shipped here too cost 6
+    # checks and 6 compiles, about 5 minutes of CI's; the three exercises whose checks need
+    # nothing that another's does not (00, 04, 05) 4 to 6 minutes (tests/README.md).
+    needs = {name[:2]: check_needs(name) for name in exercises()}
+    built = set().union(*(needs[ex] for ex in ON_THE_LOGIN_NODE if ex in needs))
+    for ex, need in sorted(needs.items()):
+        expect(need <= built, f"{ex}: what its check builds ({', '.join(sorted(need)) or 'nothing'}) "
+               f"is built by a check of ON_THE_LOGIN_NODE", f"missing: {sorted(need - built)}: "
+               "add an exercise whose check needs it to ON_THE_LOGIN_NODE (login_node.py)")
     for name in exercises():
         ex = name[:2]
+        if ex not in ON_THE_LOGIN_NODE:
+            continue
         todos = json.loads(subprocess.run(
             [sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"), "todos", name,
              "--json"], capture_output=True, text=True, check=True).stdout)
@@ -121,6 +133,26 @@ def morning(scene, site, version):
 
 
 AS_SHIPPED = "01"  # the exercise also checked as shipped: the README's first
+
+# The exercises checked finished on the login node, one for each thing a check needs there. The
+# others' checks need nothing more (00: no data; 04 and 05: 01's corpus, 03's preload), and
+# student.NN-solution runs them in the main build.
+ON_THE_LOGIN_NODE = {
+    "01": "the corpus tool (make_corpus); the README's first exercise",
+    "02": "the image tool (make_images)",
+    "03": "a preloaded library (kit_test_hooks) for its stopped runs",
+    "06": "the weather tool (make_weather), one process",
+    "07": "data prepared in Python by ./kit data xsum (h5py and sentencepiece of the user's Python)",
+}
+
+
+def check_needs(name):
+    """The targets an exercise's ./kit check builds besides the trainers and ddprun: its
+    info.toml's [check] tools and preload."""
+    info = json.loads(subprocess.run(
+        [sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"), "info", name],
+        capture_output=True, text=True, check=True).stdout).get("check", {})
+    return set(info.get("tools", [])) | set(info.get("preload", []))
 
 
 def exercises():
