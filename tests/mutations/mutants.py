@@ -23,9 +23,9 @@ Kinds:
              `todo` ("-": outside the TODOs), and contain every phrase of `also`
 
 In CI: the first mutant of each (TODO, kind) pair, in the table's order (`tier`). The others are
-the long table: each still compiles in every build (its patch applies, its code builds), and its
-test carries the label mutations_long, which `./kit test` leaves out unless KIT_TEST_LONG=1
-(`ctest -L mutations` runs all). Why: a mutant runs a whole check (15-60 s on CI's machines), and
+the long table: its patches are verified with the others' (`verify`, the test mutations.table),
+its programs are built only by the target long_mutants, and its tests carry the label
+mutations_long, which `./kit test` builds and runs only with KIT_TEST_LONG=1. Why: a mutant runs a whole check (15-60 s on CI's machines), and
 the full table took 46 minutes of test time in a CI run of 2026-11-28, against about 3 minutes an
 exercise allowed; the pairs keep every TODO's judgement and every kind of verdict in CI at half
 the cost. Order a table so that the mutant CI should run for a pair comes first.

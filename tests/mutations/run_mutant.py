@@ -41,6 +41,11 @@ def rows(stdout):
 
 
 def run_check(ex, m, rest):
+    binary = rest[rest.index("--binary") + 1] if "--binary" in rest else None
+    if binary and not os.path.isfile(binary):
+        return [f"{binary} is not built: a mutant of the long table (label mutations_long) is "
+                "built only by `cmake --build build --target long_mutants` (KIT_TEST_LONG=1 "
+                "./kit test builds and runs them)"]
     p = subprocess.run([sys.executable, CHECK_PY, "--exercise", ex] + rest,
                        capture_output=True, text=True)
     sys.stdout.write(p.stdout + p.stderr)
