@@ -25,10 +25,11 @@ Kinds:
 In CI: the first mutant of each (TODO, kind) pair, in the table's order (`tier`). The others are
 the long table: its patches are verified with the others' (`verify`, the test mutations.table),
 its programs are built only by the target long_mutants, and its tests carry the label
-mutations_long, which `./kit test` builds and runs only with KIT_TEST_LONG=1. Why: a mutant runs a whole check (15-60 s on CI's machines), and
-the full table took 46 minutes of test time in a CI run of 2026-11-28, against about 3 minutes an
-exercise allowed; the pairs keep every TODO's judgement and every kind of verdict in CI at half
-the cost. Order a table so that the mutant CI should run for a pair comes first.
+mutations_long, which `./kit test` builds and runs only with KIT_TEST_LONG=1. Why: a mutant runs
+a whole check (15-60 s on CI's machines), and the full table took 46 minutes of test time in a
+CI run of 2026-11-28, against about 3 minutes an exercise is allowed; the pairs keep every
+TODO's judgement and every kind of verdict in CI at half the cost. Order a table so that the
+mutant CI should run for a pair comes first.
 
 usage: mutants.py list EXERCISE              id kind todo tier, one mutant a line (for CMake)
        mutants.py write EXERCISE ID SOLUTION OUT
