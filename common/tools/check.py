@@ -18,7 +18,7 @@ plus each exercise's rules (common/tools/rules/<target>.py: flags, data, which T
 usage: check.py --exercise NAME --binary PROG --solution PROG
                 (--bin-dir DIR | --ddprun PROG [--make-corpus PROG ...])
                 [--source FILE] [--ranks N] [--workdir DIR] [--reference-dir DIR] [--record FILE]
-                [--keep]
+                [--keep] [--core-runs]
        check.py --exercise NAME --explain-build LOG --source FILE
                 (the build of FILE failed: show the compiler's first error, name the TODO near it)
 """

@@ -14,7 +14,9 @@ this tool reads from it:
             (kit::pp::Chunk, kit/pipeline/stage.h), steady-clock microseconds: one clock for the
             processes of a machine, so that ranks of one node line up (not across nodes);
   p2p_wait  kind=send|recv peer= t0= t1=                      each wait on a send or receive
-            (kit/runtime/process_group.h): drawn under the row, counted as idle.
+            (kit/runtime/process_group.h): drawn under the row, counted as idle;
+  pp ... live0= live=   with KIT_MEMORY_COUNT=1 (kit/train/memory.h): the rank's live tensor
+            bytes when each action began and ended, for the activations alive at once (below).
 The shape comes from the trace: p * v = the number of chunks, v = the chunks of rank 0, m = the
 micro-batches. A training step of a rank is its 2 v m forwards and backwards in a row (the
 evaluation's forwards have no backward and are left out). Step k's frame runs from the first
@@ -30,7 +32,10 @@ by other processes) explain; what the measured idle has beyond it is
 messages, the glue between actions, and other processes on the machine.
 
 `draw` prints, per measured step, each rank's idle fraction and the whole step's, and their mean,
-next to the formula; writes the SVG (one step, --draw-step, default the first measured one: the
+next to the formula; where the trace has the live bytes, each rank's activations alive at once
+(activations()): the most bytes above the step's start, less the gradients (which the first
+backward of each chunk allocates), beside the schedule's most forwards in flight (run, their
+backward not yet: 1F1B p - r on rank r, GPipe m) and what those forwards had added; writes the SVG (one step, --draw-step, default the first measured one: the
 deck's timeline) and the Chrome/Perfetto JSON (every event of the run: open it in
 https://ui.perfetto.dev or chrome://tracing). `sweep` runs the trainer for each configuration
 SCHEDULE:PP:V:M (ddprun, one process per rank, OMP_NUM_THREADS=1) --repeats times on a small
@@ -75,17 +80,18 @@ def read_traces(trace_dir):
         m = re.fullmatch(r"rank(\d+)\.trace", name)
         if not m:
             continue
-        pp, waits = [], []
+        pp, waits, live = [], [], []
         with open(os.path.join(trace_dir, name), errors="replace") as f:
             for line in f:
                 event, _, fields = line.rstrip("\n").partition(" ")
                 if event == "pp":
                     d = kv(fields)
                     pp.append((d["kind"], int(d["stage"]), int(d["mb"]), int(d["t0"]), int(d["t1"])))
+                    live.append((int(d["live0"]), int(d["live"])) if "live" in d else None)
                 elif event == "p2p_wait" and "t0" in fields:
                     d = kv(fields)
                     waits.append((d["kind"], int(d["peer"]), int(d["t0"]), int(d["t1"])))
-        ranks[int(m.group(1))] = {"pp": pp, "wait": waits}
+        ranks[int(m.group(1))] = {"pp": pp, "wait": waits, "live": live}
     if not ranks:
         raise SystemExit(f"pp_timeline: no rank<N>.trace in {trace_dir} (run with KIT_TRACE_DIR set)")
     if not any(r["pp"] for r in ranks.values()):
@@ -105,19 +111,50 @@ def shape_of(ranks):
     return len(chunks) // v, v, m
 
 
-def training_steps(pp, v, m):
-    """A rank's training steps: lists of its actions, each 2 v m in a row with v m backwards.
-    Evaluation's forwards (no backward) fall between them and are skipped: a window that starts
-    on one has too few backwards, since every training step ends with a backward."""
-    n, steps, i = 2 * v * m, [], 0
+def training_windows(pp, v, m):
+    """Where a rank's training steps are in its actions: [(first, end)], each 2 v m actions in a
+    row with v m backwards. Evaluation's forwards (no backward) fall between them and are
+    skipped: a window that starts on one has too few backwards, since every training step ends
+    with a backward."""
+    n, windows, i = 2 * v * m, [], 0
     while i + n <= len(pp):
         window = pp[i:i + n]
         if sum(1 for a in window if a[0] == "B") == v * m and window[0][0] == "F":
-            steps.append(window)
+            windows.append((i, i + n))
             i += n
         else:
             i += 1
-    return steps
+    return windows
+
+
+def training_steps(pp, v, m):
+    """A rank's training steps: lists of its actions (training_windows)."""
+    return [pp[i:j] for i, j in training_windows(pp, v, m)]
+
+
+def activations(acts, live):
+    """One rank's step: its actions and their (live0, live) bytes. Returns (alive, kept,
+    in_flight): the most bytes of activations alive after any action, measured (live bytes above
+    the step's start, less each chunk's gradients from its first backward on: that backward's
+    growth plus what its forward had added); the most that the forwards in flight (run, their
+    backward not yet) had added, by the schedule's order and each forward's own growth; and the
+    most forwards in flight. None without live bytes."""
+    if not acts or any(x is None for x in live):
+        return None
+    base, grads, added, flight = live[0][0], 0, {}, set()
+    alive = kept = most = 0
+    for (kind, c, mb, _, _), (before, after) in zip(acts, live):
+        if kind == "F":
+            added[(c, mb)] = after - before
+            flight.add((c, mb))
+        else:
+            if not any(k[0] == c for k in added if k not in flight):  # this chunk's first backward
+                grads += (after - before) + added.get((c, mb), 0)
+            flight.discard((c, mb))
+        alive = max(alive, after - base - grads)
+        kept = max(kept, sum(added[k] for k in flight))
+        most = max(most, len(flight))
+    return alive, kept, most
 
 
 def busy_union(intervals, lo, hi):
@@ -180,16 +217,19 @@ def measure(ranks, skip=1):
     if count == 0:
         raise SystemExit("pp_timeline: some rank has no complete training step (2 v m forwards "
                          "and backwards) in its trace")
+    windows = {r: training_windows(d["pp"], v, m) for r, d in ranks.items()}
     steps = []
     for k in range(count):
         actions = {r: per_rank[r][k] for r in ranks}
+        memory = {r: activations(actions[r], ranks[r]["live"][slice(*windows[r][k])])
+                  for r in ranks}
         lo = min(a[3] for acts in actions.values() for a in acts)
         hi = max(a[4] for acts in actions.values() for a in acts)
         length = max(hi - lo, 1)
         idle = {r: 1 - busy_union([(a[3], a[4]) for a in acts], lo, hi) / length
                 for r, acts in actions.items()}
         steps.append({"frame": (lo, hi), "idle": idle, "overall": sum(idle.values()) / len(idle),
-                      "actions": actions, "replay": replay(actions, p * v)})
+                      "actions": actions, "replay": replay(actions, p * v), "memory": memory})
     measured = list(range(min(skip, count - 1), count))
     return {
         "p": p, "v": v, "m": m, "formula": formula(p, v, m), "steps": steps, "measured": measured,
@@ -230,6 +270,15 @@ def report(result, out=sys.stdout):
         print(f"the same actions replayed with their measured durations, messages free: idle "
               f"{result['replay']:.3f} (the schedule and the stages' unequal times; the rest of "
               "the measured idle is messages, glue and the machine)", file=out)
+    memory = steps[measured[0]]["memory"]
+    if all(x is not None for x in memory.values()):
+        print(f"activations alive at once, step {measured[0] + 1} (KIT_MEMORY_COUNT's live bytes, "
+              "the gradients left out), against the schedule's micro-batches in flight:", file=out)
+        for r in sorted(memory):
+            alive, kept, most = memory[r]
+            print(f"  rank {r}: {alive / 1024:.0f} KiB at most; the schedule has at most {most} "
+                  f"forwards in flight, which added {kept / 1024:.0f} KiB "
+                  f"(measured/schedule {alive / max(kept, 1):.2f})", file=out)
 
 
 # --- drawing -----------------------------------------------------------------------------------

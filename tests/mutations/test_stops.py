@@ -14,7 +14,10 @@ and how the verdicts are shown (checklib/verdicts.py), on runs made up here.
     missing (no process started) or when the loader ignores it (the real loader's warning, for a
     file that is no shared object), never passes as if the library had been there (issue 40);
   * rows print in TODO order, each TODO once in the summary, "not reached" apart; the TODO to
-    fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it.
+    fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it;
+  * exercise 05's activations held at once (the trace's live bytes): a rank that holds more than
+    the solution's run of the same flags, beyond the tolerance, fails TODO 8 naming the rank and
+    both figures; as many bytes, or a trace without them, leaves the verdict alone.
 
 usage: test_stops.py    (exit 1 on the first failure, with what was expected)
 """
@@ -278,7 +281,46 @@ def test_preload():
                f"the loader's 'cannot be preloaded ... ignored' fails the run, naming the file ({why})")
 
 
+def pp_trace(peaks):
+    """Two training steps of a 2-rank pp run: 1F1B at m 2 on each rank, whose live bytes (above
+    1000 at each step's start) rise by 100 a forward and reach peaks[rank] in the second step."""
+    traces = {}
+    for r, peak in enumerate(peaks):
+        events = []
+        for step in (1, 2):
+            top = 200 if step == 1 else peak
+            for kind, mb, live0, live in (("F", 0, 0, 100), ("F", 1, 100, top), ("B", 0, top, 100),
+                                          ("B", 1, 100, 0)):
+                events.append(("pp", f"kind={kind} stage={r} mb={mb} t0=0 t1=1 live0={1000 + live0} "
+                                     f"live={1000 + live}"))
+            events.append(("step", f"epoch=1 step={step} loss=1.0"))
+        traces[r] = events
+    return traces
+
+
+def test_activations():
+    from rules import ex05
+    ref = FakeRun(0, traces=pp_trace([200 * 1024, 200 * 1024]))
+    for peaks, fails in (([200 * 1024, 200 * 1024], False), ([200 * 1024, 400 * 1024], True),
+                         ([230 * 1024, 200 * 1024], False)):
+        e = ex05.Evidence("pp2")
+        e.ok("order")
+        ex05.judge_activations(e, FakeRun(0, traces=pp_trace(peaks)), ref, ex05.layout_of("pp2"))
+        state, text = e.state["order"]
+        expect((state == "fail") == fails and (not fails or ("rank 1 held 400 KiB" in text and
+                                                              "holds 200 KiB" in text)),
+               f"activations peaking at {[p // 1024 for p in peaks]} KiB against the solution's 200: "
+               f"TODO 8 {'fails naming rank 1 and both figures' if fails else 'stands'} ({text})")
+    bare = {r: [(k, " ".join(x for x in f.split() if not x.startswith("live")))
+                for k, f in events] for r, events in pp_trace([400 * 1024] * 2).items()}
+    e = ex05.Evidence("pp2")
+    e.ok("order")
+    ex05.judge_activations(e, FakeRun(0, traces=bare), ref, ex05.layout_of("pp2"))
+    expect(e.state["order"][0] == "ok", "a trace without live bytes leaves TODO 8's verdict alone")
+
+
 def main():
+    test_activations()
     test_crash()
     test_generated_data()
     test_preload()

@@ -7,7 +7,11 @@ For each run the tool must
     right (each box's <title>), are the schedule's list for that rank (kit::pp::actions, printed
     by build/bin/pp_orders);
   * write a Chrome/Perfetto JSON that parses, whose forwards and backwards per rank, in time
-    order, are that list once per training step.
+    order, are that list once per training step;
+  * print each rank's activations alive at once, measured with the counting allocator
+    (KIT_MEMORY_COUNT=1), beside the schedule's most forwards in flight, which must be the list's
+    (1F1B p - r, GPipe m), the measured bytes within 0.95-1.5 of what those forwards added (the
+    rest: the step's sent tensors, kept to its end), and 1F1B's rank 0 at most 0.7 of GPipe's.
 A trace folder without traces is refused with one line and a non-zero exit.
 
 usage: pp_timeline_run.py --trainer EX05 --ddprun DDPRUN --make-corpus MAKE_CORPUS
@@ -16,6 +20,7 @@ usage: pp_timeline_run.py --trainer EX05 --ddprun DDPRUN --make-corpus MAKE_CORP
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +57,19 @@ def svg_rows(path):
     return {r: [a for _, a in sorted(boxes)] for r, boxes in rows.items()}
 
 
+MEMORY = re.compile(r"rank (\d+): (\d+) KiB at most; the schedule has at most (\d+) forwards in "
+                    r"flight, which added (\d+) KiB \(measured/schedule ([0-9.]+)\)")
+
+
+def in_flight(actions):
+    """The most forwards run whose backward has not, in a rank's list ("0F1", "1B0", ...)."""
+    now = most = 0
+    for a in actions:
+        now += 1 if "F" in a else -1
+        most = max(most, now)
+    return most
+
+
 def main():
     ap = argparse.ArgumentParser()
     for flag in ("--trainer", "--ddprun", "--make-corpus", "--pp-orders", "--work"):
@@ -61,11 +79,13 @@ def main():
     data = os.path.join(args.work, "data")
     subprocess.run([args.make_corpus, "--out", data] + CORPUS, check=True, capture_output=True)
     p, m = 2, 4
+    alive0 = {}  # schedule -> rank 0's activations at most, KiB
     for schedule, v in RUNS:
         run = os.path.join(args.work, schedule)
         trace = os.path.join(run, "trace")
         os.makedirs(trace)
-        env = dict(os.environ, KIT_TRACE_DIR=trace, OMP_NUM_THREADS="1", KIT_TIMEOUT="120")
+        env = dict(os.environ, KIT_TRACE_DIR=trace, OMP_NUM_THREADS="1", KIT_TIMEOUT="120",
+                   KIT_MEMORY_COUNT="1")
         done = subprocess.run([args.ddprun, "--nproc-per-node", str(p), "--", args.trainer,
                                "--data-dir", data, "--out-dir", os.path.join(run, "out"),
                                "--pp", str(p), "--schedule", schedule, "--chunks", str(v),
@@ -89,6 +109,16 @@ def main():
             rows = f"not well-formed: {e}"
         expect(rows == want, f"{schedule}: the SVG is well-formed XML and each rank's boxes, left "
                "to right, are the schedule's list", f"drawn {rows}\nschedule {want}")
+        memory = {int(g[0]): g for g in MEMORY.findall(tool.stdout)}
+        flight = {r: in_flight(a) for r, a in want.items()}
+        expect(sorted(memory) == sorted(want) and
+               all(int(memory[r][2]) == flight[r] and 0.95 <= float(memory[r][4]) <= 1.5
+                   for r in want),
+               f"{schedule}: each rank's activations alive at once, measured, beside the "
+               f"schedule's forwards in flight {flight} and within 0.95-1.5 of what they added",
+               tool.stdout)
+        if 0 in memory:
+            alive0[schedule] = int(memory[0][1])
         try:
             with open(js) as fh:
                 events = json.load(fh)["traceEvents"]
@@ -107,6 +137,10 @@ def main():
                     ok, detail = False, f"rank {r} {s['name']}: {got}, schedule {actions}"
         expect(ok, f"{schedule}: the JSON has 3 training steps, each rank's forwards and "
                "backwards in each the schedule's list", detail)
+    if "gpipe" in alive0 and "1f1b" in alive0:
+        expect(alive0["1f1b"] <= 0.7 * alive0["gpipe"],
+               f"1F1B keeps fewer activations alive on rank 0 than GPipe: {alive0['1f1b']} KiB "
+               f"against {alive0['gpipe']} KiB (2 micro-batches in flight against {m})", str(alive0))
     empty = os.path.join(args.work, "empty")
     os.makedirs(empty)
     bad = subprocess.run([sys.executable, TOOL, "draw", empty], capture_output=True, text=True)

@@ -4,6 +4,7 @@
 #include "kit/check/observe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -87,11 +88,25 @@ void p2p_wait(int64_t seq, const char* kind, int peer, const std::string& group,
                                 std::to_string(micros(start)) + " t1=" + std::to_string(micros(end)));
 }
 
+namespace {
+std::atomic<int64_t (*)()> g_live_bytes{nullptr};  // kit::memory::live_bytes, once installed
+}  // namespace
+
+int64_t live_bytes() {
+  auto* source = g_live_bytes.load();
+  return source ? source() : -1;
+}
+
+void count_live_bytes(int64_t (*source)()) { g_live_bytes.store(source); }
+
 void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
-              std::chrono::steady_clock::time_point end) {
+              std::chrono::steady_clock::time_point end, int64_t live_before) {
+  std::string live;
+  if (live_before >= 0)
+    live = " live0=" + std::to_string(live_before) + " live=" + std::to_string(live_bytes());
   trace::record("pp", std::string("kind=") + kind + " stage=" + std::to_string(stage) + " mb=" +
                           std::to_string(micro) + " t0=" + std::to_string(micros(start)) +
-                          " t1=" + std::to_string(micros(end)));
+                          " t1=" + std::to_string(micros(end)) + live);
 }
 
 void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,

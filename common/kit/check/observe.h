@@ -48,7 +48,9 @@ void p2p(int64_t seq, const char* kind, int peer, int tag, const torch::Tensor& 
 void p2p_wait(int64_t seq, const char* kind, int peer, const std::string& group,
               std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
 void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
-              std::chrono::steady_clock::time_point end);
+              std::chrono::steady_clock::time_point end, int64_t live_before);
+int64_t live_bytes();
+void count_live_bytes(int64_t (*source)());
 void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
                    std::chrono::steady_clock::time_point end);
 void after_destroy(const char* what, const CallSite* site);
@@ -233,11 +235,19 @@ inline void resume(const std::string& name) {  // a run resumed from this checkp
 
 // One forward ("F") or backward ("B") of a micro-batch on a stage (the model chunk's number in
 // the whole pipeline), with its start and end: the order `kit check` compares with the schedule's
-// and the boxes of the timeline.
+// and the boxes of the timeline. `live_before`: live_bytes() when the action began; where it is
+// counted (not -1) the trace also gets the live bytes when it ended, so that `kit check` sees the
+// activations a schedule keeps alive at once (1F1B about pp micro-batches' worth, GPipe all).
 inline void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock::time_point start,
-                     std::chrono::steady_clock::time_point end) {
-  if (on()) detail::pipeline(kind, stage, micro, start, end);
+                     std::chrono::steady_clock::time_point end, int64_t live_before = -1) {
+  if (on()) detail::pipeline(kind, stage, micro, start, end, live_before);
 }
+// The bytes of this process's live CPU tensors, for the pipeline's actions: -1 while tracing is
+// off or nothing counts them. The counting allocator of kit/train/memory.h counts them; its
+// install() registers itself here (count_live_bytes), so that this seam includes nothing of the
+// kit. `kit check 05` switches it on in its runs with KIT_MEMORY_COUNT=1.
+inline int64_t live_bytes() { return on() ? detail::live_bytes() : -1; }
+inline void count_live_bytes(int64_t (*source)()) { detail::count_live_bytes(source); }
 // A training step of the pipeline: from its first action to its last (the timeline's frame).
 inline void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
                           std::chrono::steady_clock::time_point end) {

@@ -56,19 +56,21 @@ std::string describe_split(int layers, int chunks) {
 
 torch::Tensor Chunk::forward(const torch::Tensor& x, int micro) const {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t live = observe::live_bytes();
   torch::Tensor y = x;
   for (const auto& u : units) y = u.run(y);
-  observe::pipeline("F", index, micro, start, std::chrono::steady_clock::now());
+  observe::pipeline("F", index, micro, start, std::chrono::steady_clock::now(), live);
   return y;
 }
 
 void Chunk::backward(const torch::Tensor& y, const torch::Tensor& grad, int micro) const {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t live = observe::live_bytes();
   if (grad.defined())
     y.backward(grad);
   else
     y.backward();
-  observe::pipeline("B", index, micro, start, std::chrono::steady_clock::now());
+  observe::pipeline("B", index, micro, start, std::chrono::steady_clock::now(), live);
 }
 
 std::vector<torch::Tensor> Chunk::parameters() const {

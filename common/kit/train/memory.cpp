@@ -16,6 +16,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>  // c10::OutOfMemoryError
 
+#include "kit/check/observe.h"  // count_live_bytes: the live bytes in the trace
 #include "kit/compat.h"  // KIT_ALLOCATE_CONST, KIT_ALLOCATOR_HAS_COPY_DATA (note 9)
 
 namespace kit::memory {
@@ -134,6 +135,7 @@ void install() {
     c10::SetCPUAllocator(&g_counting, /*priority=*/1);
     if (c10::GetCPUAllocator() != &g_counting)
       throw std::runtime_error("kit::memory: LibTorch kept another CPU allocator in front of the counting one");
+    observe::count_live_bytes(&live_bytes);  // the pipeline's actions in the trace (observe.h)
   });
 }
 
@@ -175,6 +177,14 @@ const bool g_cap_from_env = [] {
     std::fprintf(stderr, "kit: KIT_MEMORY_CAP: %s\n", e.what());
     std::exit(2);
   }
+  return true;
+}();
+// KIT_MEMORY_COUNT=1: the counting allocator without a cap, from the first tensor (kit check 05's
+// runs: the live bytes of the pipeline's actions in the trace).
+const bool g_count_from_env = [] {
+  const char* text = std::getenv("KIT_MEMORY_COUNT");
+  if (text == nullptr || *text == '\0' || std::string(text) == "0") return false;
+  install();
   return true;
 }();
 }  // namespace

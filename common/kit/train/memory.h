@@ -35,6 +35,9 @@
 // the GPU's own memory is the cap. No allocation is refused while no cap is set. Ranks that are
 // threads: each Account is capped on its own, and while any Account exists, what no Account pays
 // for (Gloo's own threads) is not capped.
+// KIT_MEMORY_COUNT=1 installs the allocator when the library is loaded, without a cap: a traced
+// run (kit/check/observe.h) then records the live bytes before and after each of the pipeline's
+// forwards and backwards, which `kit check 05` compares with the solution's.
 #pragma once
 
 #include <cstdint>

@@ -92,7 +92,8 @@ def reference_run(check, directory, data, name="", flags=None, env=None, ranks=N
     flags = rules.RUN_FLAGS if flags is None else flags
     st = os.stat(solution)
     made_by = read(os.path.join(data, ".made-by.json")) if data else None  # generated_data()
-    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), env,
+    run_env = dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {}))  # the rules' too
+    key = json.dumps([solution, st.st_mtime_ns, st.st_size, ranks, flags, rules.data_key(), run_env,
                       made_by, runs.PLACEMENT.gpus if runs.PLACEMENT else None])
     stamp = os.path.join(directory, f"key{name}.json")
     run = Run(os.path.join(directory, f"solution{ranks}{name}"), ranks)
@@ -101,7 +102,7 @@ def reference_run(check, directory, data, name="", flags=None, env=None, ranks=N
     if os.path.exists(stamp):  # the run it vouched for is about to be replaced
         os.remove(stamp)
     run.launch(solution, "alone" if single(rules) else "node", data, check.tool("ddprun"), flags,
-               dict(getattr(rules, "RUN_ENV", None) or {}, **(env or {})))
+               run_env)
     if run.code == 0:
         with open(stamp, "w") as f:
             f.write(key)
@@ -207,6 +208,10 @@ def parse_args(argv, doc):
     ap.add_argument("--reference-dir", help="where the solution's run is kept and reused")
     ap.add_argument("--record", metavar="FILE", help="write the result as JSON (for kit list)")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--core-runs", action="store_true",
+                    help="only the runs that judge each TODO once, where an exercise's rules have "
+                         "more (exercise 05: 4 of its 9 schedule x shape runs); the tests of the "
+                         "stages and the mistakes table use it")
     a = ap.parse_args(argv)
     if a.explain_build and not a.source:
         ap.error("--explain-build needs --source")

@@ -11,9 +11,13 @@ runs of this file, each on the student's build (MESHES, all at once):
   pp4    4 ranks, --pp 4: a block per stage, a middle stage that receives and sends both ways
   mesh4  4 ranks, --pp 2 --schedule gpipe: pp 2 x dp 2, each stage's copies averaged
 
-and the solution's runs: alone (pp 1: the losses every pipelined run must reach), on 2 ranks
-(dp 2: mesh4's), and each of MESHES with the same flags (the order each rank must follow), made
-once per solution binary and flags (--reference-dir).
+and the rest of every schedule at every shape (pp 2, pp 4, pp 2 x dp 2; GPipe, 1F1B,
+interleaved), judged the same way: gpipe2, gpipe4, int4 (8 blocks: 8 chunks of one), mesh4-1f1b
+and mesh4-int. Those four first (CORE) judge each TODO once; `--core-runs` (the tests of the
+stages and of the mistakes table, for CI's time) runs only them. And the solution's runs: alone
+(pp 1: the losses every pipelined run must reach; with 8 blocks for int4), on 2 ranks (dp 2: the
+pp 2 x dp 2 runs'), and each of MESHES with the same flags (the order each rank must follow),
+made once per solution binary and flags (--reference-dir).
 
 A TODO passes when, in each run where it matters:
   1  every rank's mesh is the flags' (pp slowest: rank = dp + dp_size x stage) and every rank
@@ -32,7 +36,8 @@ A TODO passes when, in each run where it matters:
      dp group, and at pp 2 x dp 2 the losses are dp 2's;
   7  the first step runs --micro-batches micro-batches through each chunk;
   8  each rank's forwards and backwards of the first step come in the schedule's order (the
-     solution's run of the same flags);
+     solution's run of the same flags), and in the second step no rank holds more tensor bytes
+     at once than the solution's run does (within ACTIVATIONS_TOL: the counting allocator);
   9  the process group is closed at the end (exercise 01's judge, on the engine's run).
 Numbers are judged only where the structure they rest on is right; otherwise "not reached", so
 that a mistake is named once. A run that stops in a line of a TODO (a kit error ends with the
@@ -57,11 +62,30 @@ MICRO = 4
 NODES_FLAGS = None  # where each rank puts its model is exercise 01's lesson, already passed
 EPOCHS = ex01.EPOCHS
 # Short runs: a rank that waits 12 s for a message or a collective waits for one that never comes.
-RUN_ENV = {"KIT_TIMEOUT": "12"}
+# KIT_MEMORY_COUNT: the counting allocator's live bytes around each forward and backward, in the
+# trace (judge_activations).
+RUN_ENV = {"KIT_TIMEOUT": "12", "KIT_MEMORY_COUNT": "1"}
+# The activations held at once, judged in the second step (the first also allocates AdamW's
+# moments) against the solution's run of the same flags: at most 10% more, and 16 KiB (a few
+# small buffers a rewrite may keep longer). Measured (2026-11-28, torch 2.13 CPU, the check's
+# runs): the student's build equal to the solution's to the byte in every run and rank; at pp 2
+# rank 0 holds 374 KiB above the step's start under 1F1B and 475 KiB under GPipe, rank 1 (the
+# last stage, with the logits) 374 and 791 KiB.
+STEP_MEASURED = 1
+ACTIVATIONS_TOL = (1.10, 16 * 1024)
 MESHES = {"pp2": (2, ["--pp", "2"]),
           "int2": (2, ["--pp", "2", "--schedule", "interleaved", "--chunks", "2"]),
           "pp4": (4, ["--pp", "4"]),
-          "mesh4": (4, ["--pp", "2", "--schedule", "gpipe"])}
+          "mesh4": (4, ["--pp", "2", "--schedule", "gpipe"]),
+          "gpipe2": (2, ["--pp", "2", "--schedule", "gpipe"]),
+          "gpipe4": (4, ["--pp", "4", "--schedule", "gpipe"]),
+          "int4": (4, ["--pp", "4", "--schedule", "interleaved", "--chunks", "2", "--layers", "8"]),
+          "mesh4-1f1b": (4, ["--pp", "2"]),
+          "mesh4-int": (4, ["--pp", "2", "--schedule", "interleaved", "--chunks", "2"])}
+CORE = ("pp2", "int2", "pp4", "mesh4")
+# Runs at once: 9 runs of 2 to 4 ranks together would leave a 2-core machine's ranks waiting
+# longer than RUN_ENV's timeout for each other.
+AT_ONCE = 4
 # Printed losses: 5 decimals. Per-step losses (the trace's, 8 digits): the pipelined step adds
 # the micro-batches' gradients where pp 1 adds them too (the same micro-batches): measured
 # (2026-11-27, the solution, torch 2.13 CPU) equal digit for digit at pp 2, pp 4, interleaved and
@@ -154,8 +178,41 @@ def show(ranks):
 
 
 # --- the runs ----------------------------------------------------------------------------------
+def active(check):
+    """The names of MESHES this check runs: CORE with --core-runs, else all."""
+    return list(CORE) if getattr(check.args, "core_runs", False) else list(MESHES)
+
+
+MODEL_FLAGS = ("--layers",)  # flags of a run that change the model: its pp 1 run has them too
+
+
+def with_flags(base, extra):
+    """`base` with each flag of `extra` set: replaced where `base` has it, else added."""
+    out = list(base)
+    for k in range(0, len(extra), 2):
+        if extra[k] in out:
+            out[out.index(extra[k]) + 1] = extra[k + 1]
+        else:
+            out += extra[k:k + 2]
+    return out
+
+
 def flags_of(name):
-    return RUN_FLAGS + MESHES[name][1]
+    return with_flags(RUN_FLAGS, MESHES[name][1])
+
+
+def model_flags(name):
+    """The flags of MODEL_FLAGS a run of MESHES sets: [] for RUN_FLAGS' model."""
+    flags = MESHES[name][1]
+    return [x for k in range(0, len(flags), 2) if flags[k] in MODEL_FLAGS for x in flags[k:k + 2]]
+
+
+def numbers_ref(name):
+    """The name of the reference whose losses a run must reach: pp 1's (of its own model), or
+    dp 2's at pp 2 x dp 2."""
+    if model_flags(name):
+        return "ref1-" + name
+    return "ref2" if layout_of(name).dp > 1 else "ref1"
 
 
 def reference(check, name, ranks, flags=None):
@@ -164,17 +221,22 @@ def reference(check, name, ranks, flags=None):
 
 
 def launch_all(check):
-    """The student's runs of MESHES and the solution's references, at once: {name: run}."""
-    a = check.args
-    with ThreadPoolExecutor(len(MESHES)) as pool:
-        mine = {name: pool.submit(check.launch, a.binary, name, ranks, "node", check.data,
-                                  flags_of(name))
-                for name, (ranks, _) in MESHES.items()}
+    """The student's runs (active()) and the solution's references, AT_ONCE at a time:
+    {name: run}."""
+    a, names = check.args, active(check)
+    with ThreadPoolExecutor(min(AT_ONCE, len(names))) as pool:
+        mine = {name: pool.submit(check.launch, a.binary, name, MESHES[name][0], "node",
+                                  check.data, flags_of(name))
+                for name in names}
         # One solution run at a time per flag set, shared between checks (--reference-dir).
         with Locked(a.reference_dir) if a.reference_dir else contextlib.nullcontext():
             refs = {"ref1": reference(check, "pp1", 1), "ref2": reference(check, "dp2", 2)}
-            for name, (ranks, _) in MESHES.items():
-                refs["order-" + name] = reference(check, "order-" + name, ranks, flags_of(name))
+            for name in names:
+                if model_flags(name):
+                    refs["ref1-" + name] = reference(check, "pp1-" + name, 1,
+                                                     with_flags(RUN_FLAGS, model_flags(name)))
+                refs["order-" + name] = reference(check, "order-" + name, MESHES[name][0],
+                                                  flags_of(name))
         out = {name: f.result() for name, f in mine.items()}
     out.update(refs)
     return out
@@ -493,6 +555,51 @@ def judge_order(e, run, ref, lay, j):
     e.ok("order")
 
 
+def step_actions(run, rank, k):
+    """Rank `rank`'s forwards and backwards of training step k (0: the first), as the trace's
+    fields, or [] when the run did not get there."""
+    steps, cur = [], []
+    for kind, fields in run.traces.get(rank, []):
+        if kind == "step":
+            steps.append(cur)
+            cur = []
+        elif kind == "pp":
+            cur.append(kv(fields))
+    return steps[k] if k < len(steps) else []
+
+
+def activations_peak(acts):
+    """The most live tensor bytes above the step's start, after any of its actions (`acts`, with
+    the counting allocator's live0/live: KIT_MEMORY_COUNT), and one forward's growth (the step's
+    first): (peak, forward) in bytes, or None when the trace has no live bytes."""
+    if not acts or "live" not in acts[0] or "live0" not in acts[0]:
+        return None
+    base = int(acts[0]["live0"])
+    return max(int(a["live"]) for a in acts) - base, int(acts[0]["live"]) - base
+
+
+def judge_activations(e, run, ref, lay):
+    """TODO 8, measured: in the second training step (the first allocates the optimizer's state)
+    each rank holds at most ACTIVATIONS_TOL more live tensor bytes above the step's start than the
+    solution's run of the same flags does: 1F1B keeps about pp micro-batches' activations alive,
+    GPipe all of them. The bytes come from the counting allocator (RUN_ENV's KIT_MEMORY_COUNT),
+    recorded around each forward and backward (kit/check/observe.h)."""
+    for r in range(run.ranks):
+        got = activations_peak(step_actions(run, r, STEP_MEASURED))
+        want = activations_peak(step_actions(ref, r, STEP_MEASURED))
+        if got is None or want is None:
+            continue  # a run without the count (KIT_MEMORY_COUNT unset), or a short one
+        ratio, slack = ACTIVATIONS_TOL
+        if got[0] > want[0] * ratio + slack:
+            e.fail("order", f"rank {r} held {got[0] / 1024:.0f} KiB of tensors above step "
+                   f"{STEP_MEASURED + 1}'s start at its fullest, where the solution's "
+                   f"{lay.schedule} run of the same flags holds {want[0] / 1024:.0f} KiB (one "
+                   f"forward keeps about {max(want[1], 1) / 1024:.0f} KiB): activations stay alive "
+                   "longer than the schedule keeps them (a backward late, or a reference kept to "
+                   "a micro-batch's tensors after its backward)")
+            return
+
+
 def judge_group(e, run, j, concept, want_of, need):
     """The collectives from the TODO's lines (for TODO 6: the all-reduce of average_gradients,
     which its line calls) are on the group want_of(rank) gives."""
@@ -584,6 +691,8 @@ def evidence_of(name, run, refs, j):
     if broken:  # the order the ranks followed left them waiting for each other
         e.fail("order", broken)
     judge_order(e, run, refs["order-" + name], lay, j)
+    if not failed and e.state.get("order", ("",))[0] == "ok":
+        judge_activations(e, run, refs["order-" + name], lay)
     judge_group(e, run, j, "loss", lay.pipeline, "the rank's pipeline (the ranks of its stages)")
     if lay.dp > 1:
         judge_group(e, run, j, "dp", lay.dp_group, "the copies of the rank's stage, its dp group")
@@ -610,7 +719,7 @@ def evidence_of(name, run, refs, j):
                     and e.state.get(c, ("",))[0] != "fail":
                 e.state[c] = ("ok", "")  # its numbers are not there; the stop is a later TODO's
         return e
-    ref = refs["ref2" if lay.dp > 1 else "ref1"]
+    ref = refs[numbers_ref(name)]
     if not ref.finished():
         e.unreached("loss", f"the solution's reference run failed: {ref.failure()}")
         return e
@@ -620,7 +729,19 @@ def evidence_of(name, run, refs, j):
 
 # A concept's losses rest on these: where one of them failed, its own failure is not reported.
 AFTER = {"loss": ("forward", "backward"), "dp": ("forward", "backward")}
-REQUIRED = {"dp": ("mesh4",), "order": ("pp2", "int2", "pp4", "mesh4")}
+
+
+def required(names):
+    """concept -> the runs that must show it ok: the dp average those of pp 2 x dp 2, the order
+    every run, the rest the runs without dp."""
+    def needed(concept):
+        if concept == "dp":
+            return [n for n in names if layout_of(n).dp > 1]
+        if concept == "order":
+            return names
+        return [n for n in names if layout_of(n).dp == 1]
+    return needed
+
 WHAT = {"mesh": "every rank builds the dp x pp mesh of --pp and prints where it sits",
         "chunks": "each rank keeps the chunks of its stage (chunk c on stage c % pp)",
         "forward": "each stage receives its input from the previous one and sends its output on; "
@@ -645,10 +766,10 @@ NOT_REACHED_AT_STAGE = {k: [str(t) for t in range(k + 2, 9)] for k in (2, 3, 4)}
 
 def judge(check):
     v, j = check.verdicts, Judge(check)
-    runs = launch_all(check)
-    found = {name: evidence_of(name, runs[name], runs, j) for name in MESHES}
+    runs, names = launch_all(check), active(check)
+    found = {name: evidence_of(name, runs[name], runs, j) for name in names}
     # Numbers that follow a TODO already failed by its structure are that mistake seen again (a
     # wrong backward also changes pp 2 x dp 2's losses): AFTER.
-    verdicts(v, found, WHAT, lambda c: REQUIRED.get(c, ("pp2", "int2", "pp4")), describe_run, AFTER)
+    verdicts(v, found, WHAT, required(names), describe_run, AFTER)
     judges.check_destroy(v, check.many, check.ranks)
     compare.judge_run(check, f"your run on {check.ranks} ranks (pp 1) follows the solution's")
