@@ -126,8 +126,10 @@ std::string explain(const std::string& error, const Work::Impl& w) {
              "matching " + match + "): " + first_line(error);
     return who + (timed_out ? " timed out after " + after : " ended when " + peer + " gave up waiting after " + after) +
            ": " + peer + " never posted the matching " + match + report +
-           (timed_out && !heard ? "; " + peer + " reported nothing (it is not waiting in a kit call: "
-                                  "still computing, stuck elsewhere, or gone)" : "") +
+           // Nothing read from the peer. (A report without T is still one: the peer's own wait
+           // can end with the connection this rank's timeout closed, before its timeout.)
+           (timed_out && report.empty() ? "; " + peer + " reported nothing (it is not waiting in a "
+                                          "kit call: still computing, stuck elsewhere, or gone)" : "") +
            ". Every send needs its receive on the peer, with the same tag, in the same order; a "
            "send without its receive, or two blocking sends facing each other, wait forever (post "
            "one side with isend/irecv, or both in one batch_isend_irecv)";
