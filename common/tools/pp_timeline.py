@@ -35,9 +35,10 @@ messages, the glue between actions, and other processes on the machine.
 next to the formula; where the trace has the live bytes, each rank's activations alive at once
 (activations()): the most bytes above the step's start, less the gradients (which the first
 backward of each chunk allocates), beside the schedule's most forwards in flight (run, their
-backward not yet: 1F1B p - r on rank r, GPipe m) and what those forwards had added; writes the SVG (one step, --draw-step, default the first measured one: the
-deck's timeline) and the Chrome/Perfetto JSON (every event of the run: open it in
-https://ui.perfetto.dev or chrome://tracing). `sweep` runs the trainer for each configuration
+backward not yet: 1F1B p - r on rank r, GPipe m) and what those forwards had added. It writes
+the SVG (one step, --draw-step, default the first measured one: the deck's timeline) and the
+Chrome/Perfetto JSON (every event of the run: open it in https://ui.perfetto.dev or
+chrome://tracing). `sweep` runs the trainer for each configuration
 SCHEDULE:PP:V:M (ddprun, one process per rank, OMP_NUM_THREADS=1) --repeats times on a small
 generated corpus and prints measured against formula, median and spread over the repeats.
 Python standard library only.
@@ -127,11 +128,6 @@ def training_windows(pp, v, m):
     return windows
 
 
-def training_steps(pp, v, m):
-    """A rank's training steps: lists of its actions (training_windows)."""
-    return [pp[i:j] for i, j in training_windows(pp, v, m)]
-
-
 def activations(acts, live):
     """One rank's step: its actions and their (live0, live) bytes. Returns (alive, kept,
     in_flight): the most bytes of activations alive after any action, measured (live bytes above
@@ -209,7 +205,8 @@ def measure(ranks, skip=1):
     indices of the steps measured: all but the first `skip`), idle (mean overall over them),
     idle_per_rank (mean per rank over them)."""
     p, v, m = shape_of(ranks)
-    per_rank = {r: training_steps(d["pp"], v, m) for r, d in ranks.items()}
+    windows = {r: training_windows(d["pp"], v, m) for r, d in ranks.items()}
+    per_rank = {r: [ranks[r]["pp"][i:j] for i, j in w] for r, w in windows.items()}
     count = min(len(s) for s in per_rank.values())
     if count != max(len(s) for s in per_rank.values()):  # a rank's trace cut short (a crash)
         print("note: training steps per rank " + ", ".join(
@@ -217,7 +214,6 @@ def measure(ranks, skip=1):
     if count == 0:
         raise SystemExit("pp_timeline: some rank has no complete training step (2 v m forwards "
                          "and backwards) in its trace")
-    windows = {r: training_windows(d["pp"], v, m) for r, d in ranks.items()}
     steps = []
     for k in range(count):
         actions = {r: per_rank[r][k] for r in ranks}
