@@ -583,7 +583,9 @@ def judge_activations(e, run, ref, lay):
     each rank holds at most ACTIVATIONS_TOL more live tensor bytes above the step's start than the
     solution's run of the same flags does: 1F1B keeps about pp micro-batches' activations alive,
     GPipe all of them. The bytes come from the counting allocator (RUN_ENV's KIT_MEMORY_COUNT),
-    recorded around each forward and backward (kit/check/observe.h)."""
+    recorded around each forward and backward (kit/check/observe.h). It counts CPU tensors: in a
+    check on GPUs (a Slurm allocation) the activations are on the devices, the counted host bytes
+    hardly move, and this judges nothing there."""
     for r in range(run.ranks):
         got = activations_peak(step_actions(run, r, STEP_MEASURED))
         want = activations_peak(step_actions(ref, r, STEP_MEASURED))
