@@ -153,8 +153,9 @@ Scores evaluate(kit::Seq2Seq& model, const kit::XsumDataset& data, int64_t examp
                         .reduction(torch::kSum))
                     .to(torch::kDouble);
     tokens += b.tgt_out.ne(vocab.pad()).sum().to(torch::kDouble);
-    // Greedy summaries, at most one token longer than the longest reference may be (</s>).
-    auto generated = model->greedy_decode(b.src, args.max_summary_len + 1).cpu();
+    // Summaries by beam search (--beam; 1, the default, is greedy), at most one token longer than
+    // the longest reference may be (</s>).
+    auto generated = model->beam_decode(b.src, args.max_summary_len + 1, args.beam).cpu();
     for (size_t i = 0; i < b.summaries.size(); ++i) {
       const std::string reference = vocab.decode(b.summaries[i]);
       const std::string summary = vocab.decode(generated[static_cast<int64_t>(i)]);

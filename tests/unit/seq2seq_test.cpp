@@ -1,8 +1,9 @@
 // The summariser's model and batches (kit/seq2seq/model.h, batches.h) on a CPU: padding that does
-// not reach the real positions, the loss without pad, greedy decoding's stop per row, the bad
-// options' lines, the batches by length, and a copy task the model learns in seconds. The
+// not reach the real positions, the loss without pad, greedy decoding's stop per row, beam search
+// (one beam is greedy; with every hypothesis kept, the best sequence), the bad options' lines, the batches by length, and a copy task the model learns in seconds. The
 // comparison with torch.nn.Transformer itself is oracle.seq2seq_against_torch (tests/oracle).
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <set>
 #include <stdexcept>
@@ -115,6 +116,79 @@ TEST(Seq2SeqModel, GreedyDecodingStopsEachRowAtItsEos) {
     return;
   }
   FAIL() << "no seed in 0..199 gives rows that end at different steps";
+}
+
+// Beam search with one beam is greedy decoding, row for row, on models whose rows end at
+// different steps or not at all.
+TEST(Seq2SeqBeam, OneBeamIsGreedyDecoding) {
+  auto src = kit::pad_batch({ids({3, 4, 5}), ids({5, 5, 3, 4, 4, 3}), ids({4}), ids({3, 3, 5, 5})}, 0);
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    auto o = small(seed);
+    o.vocab_size = 6;
+    kit::Seq2Seq model(o);
+    model->eval();
+    ASSERT_TRUE(torch::equal(model->beam_decode(src, 10, 1), model->greedy_decode(src, 10)))
+        << "seed " << seed;
+  }
+}
+
+// The summed log-probability of `tokens` (no bos, eos last if it ended) after `src`, teacher forced.
+double log_prob(kit::Seq2Seq& model, const torch::Tensor& src, const torch::Tensor& tokens) {
+  auto in = torch::cat({torch::full({1}, model->options().bos_id, torch::kLong),
+                        tokens.narrow(0, 0, tokens.size(0) - 1)});
+  auto logp = torch::log_softmax(model->forward(src, in.unsqueeze(0))[0], -1);
+  return logp.gather(1, tokens.unsqueeze(1)).sum().item<double>();
+}
+
+// With as many beams as there are sequences, the search keeps every one: it must return the best
+// of all sequences of at most 3 tokens (one that ends at its first eos, or 3 tokens without it),
+// by the summed log-probability over length ** penalty, as enumerated here.
+TEST(Seq2SeqBeam, WithEveryHypothesisKeptItFindsTheBestSequence) {
+  torch::NoGradGuard no_grad;
+  const int64_t vocab = 6, eos = 2, longest = 3;
+  std::vector<std::vector<int64_t>> all;
+  std::vector<std::vector<int64_t>> prefixes = {{}};
+  for (int64_t t = 0; t < longest; ++t) {
+    std::vector<std::vector<int64_t>> next;
+    for (const auto& p : prefixes)
+      for (int64_t tok = 0; tok < vocab; ++tok) {
+        auto q = p;
+        q.push_back(tok);
+        (tok == eos || t == longest - 1 ? all : next).push_back(q);
+      }
+    prefixes = next;
+  }
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    auto o = small(seed);
+    o.vocab_size = vocab;
+    kit::Seq2Seq model(o);
+    model->eval();
+    auto src = ids({3, 4, 5, 4}).unsqueeze(0);
+    std::vector<double> sums;
+    for (const auto& seq : all) sums.push_back(log_prob(model, src, ids(seq)));
+    for (double penalty : {0.0, 0.5, 1.0, 2.0}) {
+      double best = -1e300;
+      torch::Tensor want;
+      for (size_t k = 0; k < all.size(); ++k) {
+        const double s = sums[k] / std::pow(static_cast<double>(all[k].size()), penalty);
+        if (s > best + 1e-9) best = s, want = ids(all[k]);
+      }
+      // One row: as long as its own result (an untrained model may well choose pad_id itself).
+      auto got = model->beam_decode(src, longest, static_cast<int64_t>(all.size()), penalty)[0];
+      EXPECT_TRUE(torch::equal(got, want)) << "seed " << seed << ", penalty " << penalty << ": got "
+                                           << got << " want " << want;
+    }
+  }
+}
+
+TEST(Seq2SeqBeam, BadArgumentsAreOneLineNamingTheCall) {
+  kit::Seq2Seq model(small());
+  auto src = ids({3, 4}).unsqueeze(0);
+  for (auto [beam, len] : {std::pair<int64_t, int64_t>{0, 5}, {2, 0}, {2, 21}}) {
+    const std::string e = error_of([&, b = beam, l = len] { model->beam_decode(src, l, b); });
+    EXPECT_NE(e.find("Seq2Seq::beam_decode"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
 }
 
 TEST(Seq2SeqModel, BadOptionsAndInputsAreOneLineNamingTheCall) {

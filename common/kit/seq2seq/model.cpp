@@ -169,6 +169,72 @@ torch::Tensor Seq2SeqImpl::greedy_decode(const torch::Tensor& src, int64_t max_l
   return ys.narrow(1, 1, ys.size(1) - 1);
 }
 
+torch::Tensor Seq2SeqImpl::beam_decode(const torch::Tensor& src, int64_t max_len, int64_t beam,
+                                       double length_penalty) {
+  const char* call = "Seq2Seq::beam_decode";
+  check_ids(src, "src", call);
+  if (max_len < 1 || max_len > options_.max_len)
+    fail(call, "max_len " + std::to_string(max_len) + " is outside [1, options' max_len = " +
+                   std::to_string(options_.max_len) + "]");
+  if (beam < 1) fail(call, "beam must be at least 1, not " + std::to_string(beam));
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> best;  // each row's tokens, bos_id left out
+  int64_t longest = 1;
+  for (int64_t b = 0; b < src.size(0); ++b) {
+    const auto row = src.narrow(0, b, 1);
+    const auto memory = encode(row);  // [S, 1, d]: once, repeated for the live hypotheses
+    auto seqs = torch::full({1, 1}, options_.bos_id, src.options());  // the live hypotheses
+    auto scores = torch::zeros({1}, memory.options());                // their summed log-probs
+    std::vector<std::pair<double, torch::Tensor>> finished;           // (score, tokens)
+    auto score = [&](double sum, int64_t length) {
+      return sum / std::pow(static_cast<double>(length), length_penalty);
+    };
+    bool stopped = false;  // `beam` hypotheses finished before max_len
+    for (int64_t t = 0; t < max_len && !stopped; ++t) {
+      const int64_t n = seqs.size(0);
+      auto logp = torch::log_softmax(
+          decode(memory.repeat({1, n, 1}), row.expand({n, -1}), seqs).select(1, t), -1);
+      const int64_t vocab = logp.size(1);
+      // The 2 beam best extensions: enough for `beam` live ones even if `beam` of them finish.
+      auto [values, index] = (scores.unsqueeze(1) + logp).flatten().topk(std::min(2 * beam, n * vocab));
+      values = values.to(torch::kCPU, torch::kDouble);
+      index = index.cpu();
+      std::vector<int64_t> from, token;
+      std::vector<double> kept;
+      for (int64_t j = 0; j < values.size(0) && static_cast<int64_t>(from.size()) < beam; ++j) {
+        const int64_t i = index[j].item<int64_t>() / vocab, tok = index[j].item<int64_t>() % vocab;
+        const double sum = values[j].item<double>();
+        if (tok == options_.eos_id) {
+          if (static_cast<int64_t>(finished.size()) < beam)
+            finished.emplace_back(score(sum, t + 1),
+                                  torch::cat({seqs[i].narrow(0, 1, t), torch::full({1}, tok, src.options())}));
+        } else {
+          from.push_back(i);
+          token.push_back(tok);
+          kept.push_back(sum);
+        }
+      }
+      stopped = static_cast<int64_t>(finished.size()) >= beam || from.empty();
+      if (from.empty()) break;
+      auto pick = torch::tensor(from, src.options());
+      seqs = torch::cat({seqs.index_select(0, pick), torch::tensor(token, src.options()).unsqueeze(1)}, 1);
+      scores = torch::tensor(kept, torch::kDouble).to(memory.options());
+    }
+    if (!stopped)  // max_len reached: the live hypotheses, unfinished, compete too
+      for (int64_t i = 0; i < seqs.size(0); ++i)
+        finished.emplace_back(score(scores[i].item<double>(), seqs.size(1) - 1),
+                              seqs[i].narrow(0, 1, seqs.size(1) - 1));
+    size_t top = 0;
+    for (size_t i = 1; i < finished.size(); ++i)
+      if (finished[i].first > finished[top].first) top = i;
+    best.push_back(finished[top].second);
+    longest = std::max(longest, finished[top].second.size(0));
+  }
+  auto out = torch::full({src.size(0), longest}, options_.pad_id, src.options());
+  for (int64_t b = 0; b < src.size(0); ++b) out[b].narrow(0, 0, best[b].size(0)).copy_(best[b]);
+  return out;
+}
+
 torch::Tensor seq2seq_loss(const torch::Tensor& logits, const torch::Tensor& targets,
                            int64_t pad_id) {
   if (logits.dim() != 3 || targets.dim() != 2 || logits.size(0) != targets.size(0) ||

@@ -7,6 +7,7 @@
 //   auto logits = model->forward(documents, summary_in);   // teacher forcing: [batch, T, vocab]
 //   auto loss = kit::seq2seq_loss(logits, summary_out, model->options().pad_id);
 //   auto ids = model->greedy_decode(documents, 64);        // [batch, <= 64]
+//   auto best = model->beam_decode(documents, 64, 4);      // the same form, 4 beams
 //
 // Choices, and why:
 //  - one embedding matrix for the encoder's input, the decoder's input and the output projection
@@ -78,6 +79,18 @@ class Seq2SeqImpl : public torch::nn::Module {
   // it; the loop ends when every row has stopped. std::invalid_argument naming
   // "Seq2Seq::greedy_decode" for max_len < 1 or > options().max_len.
   torch::Tensor greedy_decode(const torch::Tensor& src, int64_t max_len);
+
+  // Beam search, one row at a time (its `beam` hypotheses in one batch), without gradients. From
+  // bos_id, each step extends every live hypothesis by every token and keeps the `beam` best by
+  // summed log-probability; one that takes eos_id is finished, scored by its summed
+  // log-probability over its length (tokens after bos_id, eos_id included) ** length_penalty
+  // (1: the mean per token; 0: the sum, which favours short summaries). The search stops once
+  // `beam` hypotheses have finished, or at max_len, where the live ones join the finished; the
+  // best score wins (the first found on a tie). The same form as greedy_decode's result, and
+  // beam 1 is greedy_decode. std::invalid_argument naming "Seq2Seq::beam_decode" for beam < 1
+  // and for what greedy_decode refuses.
+  torch::Tensor beam_decode(const torch::Tensor& src, int64_t max_len, int64_t beam,
+                            double length_penalty = 1.0);
 
   const Seq2SeqOptions& options() const { return options_; }
   // Module::to, told to the checker first (kit/check/observe.h), as TransformerLM's.

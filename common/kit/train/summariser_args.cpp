@@ -36,6 +36,7 @@ SummariserArgs parse_summariser_args(int argc, char** argv) {
       {"--feedforward", "the feed-forward layers' width", whole("--feedforward", 1, a.feedforward)},
       {"--dropout", "dropout probability", [&](auto v) { a.dropout = flag_real("--dropout", v, 0, 0.99); }},
       {"--show", "generated summaries rank 0 prints at each evaluation", whole("--show", 0, a.show)},
+      {"--beam", "beams of the summaries' search at each evaluation (1: greedy)", whole("--beam", 1, a.beam)},
       {"--strategy", "ddp (every rank a whole copy) or zero2 (AdamW's state and the gradients sharded)", text(a.strategy)},
   });
   if (a.strategy != "ddp" && a.strategy != "zero2")

@@ -24,6 +24,7 @@ struct SummariserArgs {
   int64_t d_model = 128, heads = 4, encoder_layers = 2, decoder_layers = 2, feedforward = 256;
   double dropout = 0.1;
   int64_t show = 3;            // summaries rank 0 prints beside their references at each evaluation
+  int64_t beam = 1;            // beams of the summaries' search (1: greedy; Seq2Seq::beam_decode)
   std::string strategy = "ddp";  // how the state is kept: ddp (copies) or zero2 (sharded)
 };
 
