@@ -1,7 +1,8 @@
 // The summariser's model and batches (kit/seq2seq/model.h, batches.h) on a CPU: padding that does
 // not reach the real positions, the loss without pad, greedy decoding's stop per row, beam search
-// (one beam is greedy; with every hypothesis kept, the best sequence), the bad options' lines, the batches by length, and a copy task the model learns in seconds. The
-// comparison with torch.nn.Transformer itself is oracle.seq2seq_against_torch (tests/oracle).
+// (one beam is greedy; with every hypothesis kept, the best sequence), the bad options' lines,
+// the batches by length, and a copy task the model learns in seconds. The comparison with
+// torch.nn.Transformer itself is oracle.seq2seq_against_torch (tests/oracle).
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -121,7 +122,8 @@ TEST(Seq2SeqModel, GreedyDecodingStopsEachRowAtItsEos) {
 // Beam search with one beam is greedy decoding, row for row, on models whose rows end at
 // different steps or not at all.
 TEST(Seq2SeqBeam, OneBeamIsGreedyDecoding) {
-  auto src = kit::pad_batch({ids({3, 4, 5}), ids({5, 5, 3, 4, 4, 3}), ids({4}), ids({3, 3, 5, 5})}, 0);
+  auto src =
+      kit::pad_batch({ids({3, 4, 5}), ids({5, 5, 3, 4, 4, 3}), ids({4}), ids({3, 3, 5, 5})}, 0);
   for (uint64_t seed = 0; seed < 20; ++seed) {
     auto o = small(seed);
     o.vocab_size = 6;
@@ -132,7 +134,8 @@ TEST(Seq2SeqBeam, OneBeamIsGreedyDecoding) {
   }
 }
 
-// The summed log-probability of `tokens` (no bos, eos last if it ended) after `src`, teacher forced.
+// The summed log-probability of `tokens` (no bos; eos last if it ended) after `src`, teacher
+// forced.
 double log_prob(kit::Seq2Seq& model, const torch::Tensor& src, const torch::Tensor& tokens) {
   auto in = torch::cat({torch::full({1}, model->options().bos_id, torch::kLong),
                         tokens.narrow(0, 0, tokens.size(0) - 1)});

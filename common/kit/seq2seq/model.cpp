@@ -196,7 +196,8 @@ torch::Tensor Seq2SeqImpl::beam_decode(const torch::Tensor& src, int64_t max_len
           decode(memory.repeat({1, n, 1}), row.expand({n, -1}), seqs).select(1, t), -1);
       const int64_t vocab = logp.size(1);
       // The 2 beam best extensions: enough for `beam` live ones even if `beam` of them finish.
-      auto [values, index] = (scores.unsqueeze(1) + logp).flatten().topk(std::min(2 * beam, n * vocab));
+      auto [values, index] =
+          (scores.unsqueeze(1) + logp).flatten().topk(std::min(2 * beam, n * vocab));
       values = values.to(torch::kCPU, torch::kDouble);
       index = index.cpu();
       std::vector<int64_t> from, token;
@@ -205,9 +206,10 @@ torch::Tensor Seq2SeqImpl::beam_decode(const torch::Tensor& src, int64_t max_len
         const int64_t i = index[j].item<int64_t>() / vocab, tok = index[j].item<int64_t>() % vocab;
         const double sum = values[j].item<double>();
         if (tok == options_.eos_id) {
-          if (static_cast<int64_t>(finished.size()) < beam)
-            finished.emplace_back(score(sum, t + 1),
-                                  torch::cat({seqs[i].narrow(0, 1, t), torch::full({1}, tok, src.options())}));
+          if (static_cast<int64_t>(finished.size()) < beam) {
+            auto eos = torch::full({1}, tok, src.options());
+            finished.emplace_back(score(sum, t + 1), torch::cat({seqs[i].narrow(0, 1, t), eos}));
+          }
         } else {
           from.push_back(i);
           token.push_back(tok);
@@ -217,7 +219,8 @@ torch::Tensor Seq2SeqImpl::beam_decode(const torch::Tensor& src, int64_t max_len
       stopped = static_cast<int64_t>(finished.size()) >= beam || from.empty();
       if (from.empty()) break;
       auto pick = torch::tensor(from, src.options());
-      seqs = torch::cat({seqs.index_select(0, pick), torch::tensor(token, src.options()).unsqueeze(1)}, 1);
+      auto next = torch::tensor(token, src.options()).unsqueeze(1);
+      seqs = torch::cat({seqs.index_select(0, pick), next}, 1);
       scores = torch::tensor(kept, torch::kDouble).to(memory.options());
     }
     if (!stopped)  // max_len reached: the live hypotheses, unfinished, compete too
