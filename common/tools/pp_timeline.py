@@ -137,14 +137,15 @@ def activations(acts, live):
     most forwards in flight. None without live bytes."""
     if not acts or any(x is None for x in live):
         return None
-    base, grads, added, flight = live[0][0], 0, {}, set()
+    base, grads, added, flight, backed = live[0][0], 0, {}, set(), set()
     alive = kept = most = 0
     for (kind, c, mb, _, _), (before, after) in zip(acts, live):
         if kind == "F":
             added[(c, mb)] = after - before
             flight.add((c, mb))
         else:
-            if not any(k[0] == c for k in added if k not in flight):  # this chunk's first backward
+            if c not in backed:  # this chunk's first backward: its gradients are made here
+                backed.add(c)
                 grads += (after - before) + added.get((c, mb), 0)
             flight.discard((c, mb))
         alive = max(alive, after - base - grads)
