@@ -21,19 +21,26 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
      exercise 03's stopped runs preload lib/libkit_test_hooks.so). ON_THE_LOGIN_NODE holds one
      exercise for each thing a check needs (a data tool, a preloaded library, data prepared in
      Python); the test fails when an exercise's [check] needs a tool or library that none of
-     them builds.
+     them builds;
+  4. then, not a participant's step, what `./kit cuda-build` checks, in that same build folder
+     (so that CI compiles kit_common against the CUDA torch once, not twice): the staged
+     exercises reset to their files as shipped, everything else compiled (every exercise and
+     solution, the benchmarks, the GPU tests, tests/ddp's NCCL cases) without compiling
+     kit_common again, the 2-rank run that must say "no GPU", KIT_BACKEND=nccl refused in one
+     line, `ctest -L gpu` with every test that needs a GPU skipped and saying why.
 Each step must succeed, say which torch it built against and how it got Gloo's headers, and
 nothing may ask for root (no apt-get, no sudo) or the network.
 
 The torch is given the way a site's PyTorch module gives it: PYTHONPATH names its site-packages
-(here the site-packages of VENV: the CUDA torch that ./kit cuda-build puts in .venv-cuda), for
-the system's python3.
+(here the site-packages of VENV: the CUDA torch of requirements-cuda.txt, which ./kit test
+installs in .venv-cuda), for the system's python3.
 
 usage: login_node.py --venv VENV
 """
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,7 +57,8 @@ def main():
     a = root_test_args("--venv", why="setting the scene (a user, namespaces) needs root")
     sites = glob.glob(os.path.join(os.path.abspath(a.venv), "lib", "python3*", "site-packages"))
     if not sites or not os.path.isdir(os.path.join(sites[0], "torch")):
-        print(f"FAIL no torch in {a.venv} (./kit cuda-build makes .venv-cuda, the torch used here)")
+        print(f"FAIL no torch in {a.venv} (./kit test and ./kit cuda-build make .venv-cuda, the "
+              "torch used here)")
         return 1
     site = sites[0]
     version = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
@@ -130,6 +138,32 @@ def morning(scene, site, version):
         expect(rc == 0, f"./kit check {ex} passes the finished exercise (stage {last}) on the "
                f"login node ({time.time() - start:.0f} s)", out)
         expect("✘" not in out and "✔" in out, f"{ex}: no TODO is judged ✘", out)
+
+    cuda_build(as_user, site)
+
+
+def cuda_build(as_user, site):
+    """What `./kit cuda-build` checks, in the folder the participant built (not a participant's
+    step): CI builds kit_common against the CUDA torch once, here, not twice. The exercises
+    staged above go back to their files as shipped first, so that their stand-in code is compiled
+    too; then the rest of the kit (every exercise and solution, the benchmarks, the GPU tests and
+    tests/ddp's NCCL cases), the 2-rank run that must say "no GPU", KIT_BACKEND=nccl refused in
+    one line, and `ctest -L gpu`, whose tests must all skip, each saying why."""
+    resets = " && ".join(f"./kit reset {ex} >/dev/null" for ex in sorted(ON_THE_LOGIN_NODE))
+    start = time.time()
+    rc, out = as_user(site, f"cd ~/kit && {resets} && KIT_NO_INSTALL=1 KIT_CUDA_PYTHON=python3 "
+                      "KIT_CUDA_BUILD_DIR=$HOME/kit/build ./kit cuda-build")
+    expect(rc == 0, f"./kit cuda-build in the participant's build folder compiles everything against "
+           f"the CUDA torch and runs ({time.time() - start:.0f} s)", out)
+    expect("NCCL ON" in out, "the CUDA build compiles the NCCL path (configure says NCCL ON)", out)
+    expect("kit_common.dir" not in out, "it reuses the participant's kit_common: no file of "
+           "common/kit compiled again", out)
+    expect(re.search(r"CUDA build, KIT_BACKEND=nccl: .*KIT_BACKEND=nccl", out) is not None,
+           "KIT_BACKEND=nccl without a GPU: one line", out)
+    gpu = re.search(r"100% tests passed, 0 tests failed out of (\d+), (\d+) of them skipped: no GPU",
+                    out)
+    expect(gpu is not None and int(gpu.group(2)) > 0, "ctest -L gpu: no GPU test fails; those that "
+           "need a GPU skip here, saying why", out)
 
 
 AS_SHIPPED = "01"  # the exercise also checked as shipped: the README's first
