@@ -721,7 +721,9 @@ TEST(ZeroBadInput, ShardedUnitsAreCheckedAgainstTheModel) {
   auto twice = mlp->units(nullptr);
   twice.emplace_back("again", mlp->first);
   EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, twice, o); }),
-            "FullyShardedModel: a parameter of unit 'again' is also in unit 'first'" + at);
+            "FullyShardedModel: a parameter of unit 'again' is also in unit 'first' (a unit that "
+            "runs an earlier unit's parameters again, as tied weights do, says so: "
+            "ShardedUnit::reuse)" + at);
   auto none = mlp->units(nullptr);
   none[2].forward = nullptr;
   EXPECT_EQ(error_of([&] { kit::FullyShardedModel z(mlp, none, o); }),

@@ -141,6 +141,75 @@ torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor
   return decode(encode(src), src, tgt_in);
 }
 
+std::vector<Seq2SeqUnit> Seq2SeqImpl::units() {
+  auto& encoder = *transformer_->encoder.ptr<torch::nn::TransformerEncoderImpl>();
+  auto& decoder = *transformer_->decoder.ptr<torch::nn::TransformerDecoderImpl>();
+  // torch::nn::Transformer always gives both stacks a final LayerNorm (model.h).
+  auto encoder_norm = encoder.norm.ptr<torch::nn::LayerNormImpl>();
+  auto decoder_norm = decoder.norm.ptr<torch::nn::LayerNormImpl>();
+  const auto batch = chain_;
+  std::vector<Seq2SeqUnit> out;
+  // The documents' embedding: [batch, S] ids -> [S, batch, d].
+  out.push_back({embed_.ptr(), [this](const torch::Tensor& src) { return embed(src); }});
+  // What TransformerEncoderImpl::forward runs: each layer, then the norm.
+  for (size_t i = 0; i < encoder.layers->size(); ++i) {
+    auto layer = encoder.layers->ptr<torch::nn::TransformerEncoderLayerImpl>(i);
+    out.push_back({layer, [layer, batch](const torch::Tensor& x) {
+                     return layer->forward(x, /*src_mask=*/{}, batch->src_pad);
+                   }});
+  }
+  out.push_back({encoder_norm, [encoder_norm](const torch::Tensor& x) { return encoder_norm->forward(x); }});
+  // The summary inputs' embedding after the memory: [S + T, batch, d].
+  out.push_back({embed_.ptr(),
+                 [this, batch](const torch::Tensor& memory) {
+                   return torch::cat({memory, embed(batch->tgt_in)}, 0);
+                 },
+                 /*reuse=*/true});
+  // TransformerDecoderImpl::forward's layers, each reading the memory and passing it on.
+  for (size_t i = 0; i < decoder.layers->size(); ++i) {
+    auto layer = decoder.layers->ptr<torch::nn::TransformerDecoderLayerImpl>(i);
+    out.push_back({layer, [layer, batch](const torch::Tensor& x) {
+                     const int64_t s = batch->src_len;
+                     auto memory = x.narrow(0, 0, s);
+                     auto h = layer->forward(x.narrow(0, s, x.size(0) - s), memory, batch->causal,
+                                             /*memory_mask=*/{}, batch->tgt_pad, batch->src_pad);
+                     return torch::cat({memory, h}, 0);
+                   }});
+  }
+  out.push_back({decoder_norm, [decoder_norm, batch](const torch::Tensor& x) {
+                   const int64_t s = batch->src_len;
+                   return decoder_norm->forward(x.narrow(0, s, x.size(0) - s));  // [T, batch, d]
+                 }});
+  // The output projection is the embedding (model.h): [T, batch, d] -> [batch, T, vocab].
+  out.push_back({embed_.ptr(),
+                 [this](const torch::Tensor& h) {
+                   return torch::nn::functional::linear(h.transpose(0, 1), embed_->weight);
+                 },
+                 /*reuse=*/true});
+  return out;
+}
+
+torch::Tensor Seq2SeqImpl::forward_chain(const Chain& chain, const torch::Tensor& src,
+                                         const torch::Tensor& tgt_in) {
+  const char* call = "Seq2Seq::forward_chain";
+  check_ids(src, "src", call);
+  check_ids(tgt_in, "tgt_in", call);
+  if (src.size(0) != tgt_in.size(0))
+    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
+                   std::to_string(tgt_in.size(0)));
+  if (is_training() && torch::GradMode::is_enabled())
+    observe::training_forward(*this, ++training_forwards_);
+  // The masks decode() makes, once for every unit.
+  *chain_ = ChainBatch{
+      .tgt_in = tgt_in,
+      .src_pad = src.eq(options_.pad_id),
+      .tgt_pad = tgt_in.eq(options_.pad_id),
+      .causal = torch::nn::TransformerImpl::generate_square_subsequent_mask(tgt_in.size(1))
+                    .to(src.device()),
+      .src_len = src.size(1)};
+  return chain(src);
+}
+
 void Seq2SeqImpl::to(torch::Device device, bool non_blocking) {
   observe::model_to(device);  // where each rank puts its model, for the checker
   torch::nn::Module::to(device, non_blocking);

@@ -30,6 +30,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
@@ -53,6 +56,15 @@ struct Seq2SeqOptions {
   int64_t bos_id = 2;
   int64_t eos_id = 3;
   uint64_t seed = 0;  // the initial weights' (above)
+};
+
+// One unit of the model as a chain, for ZeRO-3 (kit/sharding/zero3.h: FullyShardedModel takes a
+// list of these): the module whose parameters it reads, what it computes, and whether it is an
+// earlier unit's parameters used again (the tied embedding).
+struct Seq2SeqUnit {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> run;
+  bool reuse = false;
 };
 
 class Seq2SeqImpl : public torch::nn::Module {
@@ -92,6 +104,24 @@ class Seq2SeqImpl : public torch::nn::Module {
   torch::Tensor beam_decode(const torch::Tensor& src, int64_t max_len, int64_t beam,
                             double length_penalty = 1.0);
 
+  // The model as a chain of units, in the order forward() runs them, for ZeRO-3: the embedding
+  // (the documents), each encoder layer, the encoder's norm, the embedding again (the summary
+  // inputs: its output is the encoder's memory with the summary's embedding after it along the
+  // length), each decoder layer (the memory passes through, so that its gradient flows back along
+  // the chain), the decoder's norm, and the embedding a third time (the output projection). The
+  // chain's input is the documents; forward_chain() gives the units the batch's summary inputs
+  // and masks and runs a chain:
+  //   kit::FullyShardedModel sharded(model, model->units(), kit::ZeroOptions{.stage = 3, ...});
+  //   auto logits = model->forward_chain(
+  //       [&](const torch::Tensor& x) { return sharded.forward(x); }, src, tgt_in);
+  // The same numbers as forward(src, tgt_in), dropout's draws included (the same ones, in the
+  // same order). The units read the batch of the last forward_chain() (a recomputing
+  // FullyShardedModel runs them again in backward, before the next).
+  std::vector<Seq2SeqUnit> units();
+  using Chain = std::function<torch::Tensor(const torch::Tensor&)>;
+  torch::Tensor forward_chain(const Chain& chain, const torch::Tensor& src,
+                              const torch::Tensor& tgt_in);
+
   const Seq2SeqOptions& options() const { return options_; }
   // Module::to, told to the checker first (kit/check/observe.h), as TransformerLM's.
   void to(torch::Device device, bool non_blocking = false) override;
@@ -109,6 +139,12 @@ class Seq2SeqImpl : public torch::nn::Module {
   torch::nn::Transformer transformer_{nullptr};
   torch::Tensor positions_;  // sinusoidal position codes [max_len, d_model], a buffer
   int64_t training_forwards_ = 0;  // numbers each training forward for the checker's trace
+  // What units() read: the batch of the last forward_chain(), its padding and causal masks.
+  struct ChainBatch {
+    torch::Tensor tgt_in, src_pad, tgt_pad, causal;
+    int64_t src_len = 0;
+  };
+  std::shared_ptr<ChainBatch> chain_ = std::make_shared<ChainBatch>();
 };
 TORCH_MODULE(Seq2Seq);
 

@@ -17,7 +17,6 @@ namespace kit {
 
 struct FullyShardedModel::Unit {
   std::string name;
-  ShardedUnit::Forward forward;
   std::vector<torch::Tensor> params;  // the module's own tensors: empty except while gathered
   ShardLayout layout;
   torch::Tensor shard;                // this rank's S weights: a leaf that requires grad
@@ -53,9 +52,11 @@ void allocate_storage(const torch::Tensor& t) {
 // integers standing for addresses). Both outlive the graph: a step's backward comes before the
 // model is destroyed.
 struct UnitRef : torch::CustomClassHolder {
-  UnitRef(FullyShardedModel* m, FullyShardedModel::Unit* u) : model(m), unit(u) {}
+  UnitRef(FullyShardedModel* m, FullyShardedModel::Unit* u, const ShardedUnit::Forward* f)
+      : model(m), unit(u), forward(f) {}
   FullyShardedModel* model;
   FullyShardedModel::Unit* unit;
+  const ShardedUnit::Forward* forward;  // this use's (a reused unit has one per use)
 };
 
 // The unit's input as the leaf of the unit's own graph: the same tensor, cut from the graph
@@ -94,9 +95,10 @@ torch::Tensor backward_unit(FullyShardedModel& model, FullyShardedModel::Unit& u
 struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input,
                                torch::Tensor shard, FullyShardedModel* model,
-                               FullyShardedModel::Unit* unit) {
+                               FullyShardedModel::Unit* unit, const ShardedUnit::Forward* run) {
     (void)shard;  // an input only so that its gradient comes back through backward()
-    ctx->saved_data["unit"] = c10::IValue::make_capsule(c10::make_intrusive<UnitRef>(model, unit));
+    ctx->saved_data["unit"] =
+        c10::IValue::make_capsule(c10::make_intrusive<UnitRef>(model, unit, run));
     model->gather(*unit);
     torch::Tensor out;
     if (model->recompute()) {
@@ -106,14 +108,14 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
         std::lock_guard<std::mutex> lock(gen.mutex());
         ctx->saved_data["rng"] = gen.get_state();
       }
-      out = unit->forward(input);  // no-grad (apply's): nothing saved inside the unit
+      out = (*run)(input);  // no-grad (apply's): nothing saved inside the unit
       ctx->save_for_backward({input});
     } else {
       // The unit's own graph, recorded from a leaf that stands for the input; autograd's saved
       // tensors in it view the flat buffer, whose bytes release() frees now.
       torch::Tensor in = inner_input(input);
       torch::AutoGradMode grad_on(true);
-      out = unit->forward(in);
+      out = (*run)(in);
       ctx->saved_data["in"] = in;
       ctx->saved_data["out"] = out;
       out = out.detach();  // apply() gives the output its place in the outer graph
@@ -142,7 +144,7 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
       }
       {
         torch::AutoGradMode grad_on(true);
-        out = unit.forward(in);
+        out = (*ref->forward)(in);
       }
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(now);
@@ -157,9 +159,17 @@ struct GatheredUnit : torch::autograd::Function<GatheredUnit> {
     }
     torch::Tensor shard_grad = backward_unit(model, unit, out, grad_out[0], in);
     return {in.requires_grad() ? in.grad() : torch::Tensor(), shard_grad, torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
+
+// A unit's parameters that are sharded and trained.
+std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : params)
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
 
 // The stage and AdamW's options; an error ends with the line that wrote the options
 // (ZeroOptions::site): the trainer's, not this file's.
@@ -181,19 +191,39 @@ void check_units(const torch::nn::Module& model, const std::vector<ShardedUnit>&
     throw std::invalid_argument("FullyShardedModel: " + why + " (" + site.str() + ")");
   };
   if (units.empty()) refuse("no units given");
-  std::unordered_map<const void*, const std::string*> owner;  // a trainable parameter's unit
-  std::unordered_map<const void*, std::string> of_model;      // the model's parameters' names
+  std::unordered_map<const void*, const ShardedUnit*> owner;  // a trainable parameter's unit
+  std::unordered_map<const void*, std::string> of_model;       // the model's parameters' names
   for (auto& item : model.named_parameters()) of_model.emplace(item.value().unsafeGetTensorImpl(), item.key());
   for (auto& u : units) {
     if (!u.forward) refuse("unit '" + u.name + "' has no forward");
-    for (auto& p : u.params) {
+    for (auto& p : u.params)
       if (!of_model.count(p.unsafeGetTensorImpl()))
         refuse("unit '" + u.name + "' reads a parameter that is not the model's");
-      if (!p.requires_grad()) continue;
+    const std::vector<torch::Tensor> mine = trainable(u.params);
+    if (u.reuse) {
+      // Tied weights: exactly the trainable parameters of one earlier unit, in its order.
+      const ShardedUnit* first = nullptr;
+      if (!mine.empty())
+        if (auto it = owner.find(mine[0].unsafeGetTensorImpl()); it != owner.end()) first = it->second;
+      std::vector<torch::Tensor> theirs;
+      if (first) theirs = trainable(first->params);
+      const bool same = first && theirs.size() == mine.size() &&
+                        std::equal(mine.begin(), mine.end(), theirs.begin(),
+                                   [](const torch::Tensor& a, const torch::Tensor& b) {
+                                     return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl();
+                                   });
+      if (!same)
+        refuse("unit '" + u.name + "' reuses parameters that are not exactly those of one "
+               "earlier unit");
+      continue;
+    }
+    for (auto& p : mine) {
       // A parameter in two units would be gathered into two buffers and trained twice.
-      auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u.name);
+      auto [at, fresh] = owner.emplace(p.unsafeGetTensorImpl(), &u);
       if (!fresh)
-        refuse("a parameter of unit '" + u.name + "' is also in unit '" + *at->second + "'");
+        refuse("a parameter of unit '" + u.name + "' is also in unit '" + at->second->name +
+               "' (a unit that runs an earlier unit's parameters again, as tied weights do, says "
+               "so: ShardedUnit::reuse)");
     }
   }
   // One outside every unit would be neither gathered nor trained.
@@ -201,13 +231,6 @@ void check_units(const torch::nn::Module& model, const std::vector<ShardedUnit>&
     if (item.value().requires_grad() && !owner.count(item.value().unsafeGetTensorImpl()))
       refuse("the model's parameter '" + item.key() + "' is in no unit: every trainable parameter "
              "must be in exactly one");
-}
-
-std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> out;
-  for (auto& p : params)
-    if (p.requires_grad()) out.push_back(p);
-  return out;
 }
 
 }  // namespace
@@ -225,7 +248,8 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> model,
   check_units(*model_, units, options.site);
   std::vector<torch::Tensor> every;
   for (auto& u : units)
-    for (auto& p : trainable(u.params)) every.push_back(p);
+    if (!u.reuse)
+      for (auto& p : trainable(u.params)) every.push_back(p);
   claim_ = std::make_unique<ParameterClaim>(every, "ZeRO-3");
   torch::NoGradGuard no_grad;
   // What is not sharded, whole on every rank: rank 0's frozen parameters and buffers.
@@ -234,10 +258,15 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> model,
     if (!p.requires_grad()) unsharded.push_back(p);
   for (auto& b : model_->buffers()) unsharded.push_back(b);
   broadcast_from_rank0(*group_, unsharded);
+  std::unordered_map<const void*, Unit*> unit_of;  // a unit's first trainable parameter -> it
   for (auto& u : units) {
     std::vector<torch::Tensor> params = trainable(u.params);
     if (params.empty()) {  // nothing to shard: the unit runs as it is
       chain_.push_back({std::move(u.forward), nullptr});
+      continue;
+    }
+    if (u.reuse) {  // tied weights: the earlier unit, run here with this forward
+      chain_.push_back({std::move(u.forward), unit_of.at(params[0].unsafeGetTensorImpl())});
       continue;
     }
     ShardLayout layout(params, group_->size(), group_->rank());
@@ -248,9 +277,10 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> model,
     flat = torch::Tensor();
     ShardedAdamW adamw(options.adamw, shard.detach());
     auto full = torch::empty({layout.padded()}, shard.options().requires_grad(false));
-    units_.push_back(std::make_unique<Unit>(Unit{u.name, std::move(u.forward), params, layout,
-                                                 shard, std::move(adamw), full, true}));
-    chain_.push_back({units_.back()->forward, units_.back().get()});
+    units_.push_back(std::make_unique<Unit>(Unit{u.name, params, layout, shard,
+                                                 std::move(adamw), full, true}));
+    unit_of.emplace(params[0].unsafeGetTensorImpl(), units_.back().get());
+    chain_.push_back({std::move(u.forward), units_.back().get()});
     gathered_now_ += bytes_of({full});
     release(*units_.back());
   }
@@ -289,7 +319,7 @@ torch::Tensor FullyShardedModel::forward(const torch::Tensor& input) {
     if (!link.unit) {
       x = link.forward(x);
     } else if (record) {
-      x = GatheredUnit::apply(x, link.unit->shard, this, link.unit);
+      x = GatheredUnit::apply(x, link.unit->shard, this, link.unit, &link.forward);
     } else {  // evaluation: nothing to keep for a backward
       gather(*link.unit);
       x = link.forward(x);
@@ -297,6 +327,14 @@ torch::Tensor FullyShardedModel::forward(const torch::Tensor& input) {
     }
   }
   return x;
+}
+
+FullyShardedModel::FullParams::FullParams(FullyShardedModel& model) : model_(model) {
+  for (auto& u : model_.units_) model_.gather(*u);
+}
+
+FullyShardedModel::FullParams::~FullParams() {
+  for (auto& u : model_.units_) model_.release(*u);
 }
 
 void FullyShardedModel::set_lr(double lr) {

@@ -11,8 +11,10 @@
 // forward) in the order forward runs them, or a model that lists its own units (a units() method
 // whose elements have a `module` and a `run`, as TransformerLM::units(): the embedding, each
 // Transformer block, the output layer). Every trainable parameter of the model must be in exactly
-// one unit, and a unit may read only the model's parameters: anything else is one error line
-// ending with the line that wrote the options (ZeroOptions::site), before anything is changed.
+// one unit (tied weights: a unit that says it reuses an earlier unit's parameters, ShardedUnit::
+// reuse, is that unit run again), and a unit may read only the model's parameters: anything else
+// is one error line ending with the line that wrote the options (ZeroOptions::site), before
+// anything is changed.
 // (That is why every constructor takes the model: a list alone cannot show a parameter it left
 // out.) This folder knows no model by name: sharding/ sits above models/ and includes nothing of
 // it (common/kit/README.md, the folders' order).
@@ -77,7 +79,10 @@
 //
 // Differences from PyTorch's FSDP2 (fully_shard): no prefetch of the next unit's gather (one
 // unit's weights alive at a time, and the collectives are not overlapped with compute); the
-// model runs through FullyShardedModel::forward, not through the module's own forward.
+// model runs through FullyShardedModel::forward, not through the module's own forward; tied
+// weights are a unit gathered at each of its uses, where FSDP puts them in the root module,
+// whose weights it keeps gathered from the first forward to the end of backward (one gather,
+// more memory).
 #pragma once
 
 #include <concepts>
@@ -101,24 +106,33 @@ namespace kit {
 // One unit of a chain: its name (for messages), its forward (the previous unit's output, or the
 // model's input for the first, to this unit's output) and the parameters that forward reads.
 // The trainable ones (requires_grad) are sharded; a unit with none runs as it is, unsharded.
+// `reuse`: the unit's parameters are exactly an earlier unit's (tied weights: the summariser's one
+// embedding matrix reads the documents, the summaries and makes the logits), which runs here
+// again with this forward. They stay one unit: one shard, one AdamW state; each use gathers and
+// frees the weights and reduce-scatters its own gradient, and autograd adds the uses' shard
+// gradients (a reduce-scatter is linear: the sum of the uses' is the one of their sum).
 struct ShardedUnit {
   using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
   std::string name;
   Forward forward;
   std::vector<torch::Tensor> params;
+  bool reuse = false;
 
-  ShardedUnit(std::string name, Forward forward, std::vector<torch::Tensor> params)
-      : name(std::move(name)), forward(std::move(forward)), params(std::move(params)) {}
+  ShardedUnit(std::string name, Forward forward, std::vector<torch::Tensor> params,
+              bool reuse = false)
+      : name(std::move(name)), forward(std::move(forward)), params(std::move(params)),
+        reuse(reuse) {}
   // A module's parameters, and `forward` (default: the module's own forward(x)). The holder is
   // kept in the forward, so the module lives as long as the unit does.
   template <typename M>
-  ShardedUnit(std::string name, const torch::nn::ModuleHolder<M>& module, Forward forward = nullptr)
+  ShardedUnit(std::string name, const torch::nn::ModuleHolder<M>& module, Forward forward = nullptr,
+              bool reuse = false)
       : ShardedUnit(std::move(name),
                     forward ? std::move(forward)
                             : Forward([m = module.ptr()](const torch::Tensor& x) {
                                 return m->forward(x);
                               }),
-                    module->parameters()) {}
+                    module->parameters(), reuse) {}
 };
 
 // A unit as a model lists it (TransformerLM::units()): the module that holds its parameters, and
@@ -135,13 +149,17 @@ concept ChainModel = requires(M& m) {
   requires ModelUnit<std::ranges::range_value_t<decltype(m.units())>>;
 };
 
-// A model's units as ShardedUnits, named after their modules ("unit 1 (TransformerEncoderLayer)").
+// A model's units as ShardedUnits, named after their modules ("unit 1 (TransformerEncoderLayer)");
+// a unit type with a `reuse` member passes it on (Seq2SeqUnit: its tied embedding).
 template <ModelUnit U>
 std::vector<ShardedUnit> sharded_units(const std::vector<U>& units) {
   std::vector<ShardedUnit> out;
-  for (size_t k = 0; k < units.size(); ++k)
+  for (size_t k = 0; k < units.size(); ++k) {
+    bool reuse = false;
+    if constexpr (requires { units[k].reuse; }) reuse = units[k].reuse;
     out.emplace_back("unit " + std::to_string(k) + " (" + units[k].module->name() + ")",
-                     units[k].run, units[k].module->parameters());
+                     units[k].run, units[k].module->parameters(), reuse);
+  }
   return out;
 }
 
@@ -182,6 +200,24 @@ class FullyShardedModel {
   // The chain of units, each gathered in turn. Under no-grad (evaluation) each unit is gathered,
   // run and freed, and nothing is kept for a backward.
   torch::Tensor forward(const torch::Tensor& input);
+
+  // Every unit's full weights in the model's own parameters while the guard lives: the model's
+  // own methods then run as on one rank (Seq2Seq::beam_decode, which the chain cannot express).
+  // FSDP's summon_full_params with writeback=False: what is written into the parameters is lost
+  // at the end. It holds the whole model on every rank, as DDP does; forward() is refused
+  // inside it (a unit gathered twice). Every rank must make it (the all-gathers), in the same
+  // order as its other collectives.
+  class FullParams {
+   public:
+    explicit FullParams(FullyShardedModel& model);
+    ~FullParams();
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    FullyShardedModel& model_;
+  };
+  FullParams full_params() { return FullParams(*this); }
   void zero_grad();
   // AdamW on each unit's shard: no communication (backward did it), except, with
   // ZeroOptions::max_grad_norm, one all-reduce of a number for the global norm (kit/sharding/clip.h).
@@ -216,8 +252,8 @@ class FullyShardedModel {
   ProcessGroup* group_ptr() const { return group_; }
 
  private:
-  struct Link {  // one unit of the chain: sharded (unit set) or run as it is
-    ShardedUnit::Forward forward;
+  struct Link {  // one unit of the chain: sharded (unit set; a reused unit in several) or run as
+    ShardedUnit::Forward forward;  // it is
     Unit* unit;
   };
   std::shared_ptr<ProcessGroup> keep_group_;
