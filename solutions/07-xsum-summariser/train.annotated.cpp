@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "kit/ddp/ddp.h"                  // DistributedDataParallel
 #include "kit/runtime/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 #include "kit/sharding/zero.h"            // ZeroOptimizer: ZeRO-2
+#include "kit/sharding/zero3.h"           // FullyShardedModel: ZeRO-3
 //@ end
 
 // One batch on the device: the documents, the summaries' inputs (<s> and the summary) and their
@@ -228,6 +230,10 @@ int main(int argc, char** argv) {
   Forward forward = [&](const torch::Tensor& src, const torch::Tensor& tgt) {
     return model->forward(src, tgt);
   };
+  // Evaluating and saving use the model's own methods (beam_decode, save0), which read every
+  // weight on this rank: whole_model() gives a guard that holds them there while it lives.
+  // Nothing to hold while every rank keeps its whole copy.
+  std::function<std::shared_ptr<void>()> whole_model = [] { return std::shared_ptr<void>(); };
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(args.lr));
   Update update{[&] {
                   if (args.clip_grad > 0) kit::clip_grad_norm_(model->parameters(), args.clip_grad);
@@ -247,11 +253,14 @@ int main(int argc, char** argv) {
   }
   //@ end
   //@ todo 5
-  //@ | Shard the state (--strategy zero2): no rank keeps all of AdamW's moments or all of the
-  //@ | averaged gradients, only its share; the weights stay whole on every rank. Exercise 03
-  //@ | did this with the kit's ZeRO. The step and the clipping change with it; DDP goes.
-  if (args.strategy == "zero2") {
-    std::fprintf(stderr, "error: --strategy zero2 needs TODO 5 (shard the state)\n");
+  //@ | Shard the state. --strategy zero2: no rank keeps all of AdamW's moments or all of the
+  //@ | averaged gradients, only its share; the weights stay whole on every rank. --strategy
+  //@ | zero3: the weights too, each part gathered only while it computes (the model is a chain
+  //@ | of units: Seq2Seq::units()). Exercise 03 did both with the kit's ZeRO. The step, the
+  //@ | clipping and the forward change with them; DDP goes; whole_model() has work to do.
+  if (args.strategy == "zero2" || args.strategy == "zero3") {
+    std::fprintf(stderr, "error: --strategy %s needs TODO 5 (shard the state)\n",
+                 args.strategy.c_str());
     return 2;
   }
   //@ solution
@@ -262,6 +271,22 @@ int main(int argc, char** argv) {
                                          .max_grad_norm = args.clip_grad});
     update = {[&] { zero->step(); }, [&] { zero->zero_grad(); }};
   }
+  std::optional<kit::FullyShardedModel> sharded;
+  if (args.strategy == "zero3") {
+    // The model as its chain of units (kit/seq2seq/model.h): each unit's weights all-gathered
+    // for its forward and again for its backward, its gradient reduce-scattered.
+    sharded.emplace(model, model->units(),
+                    kit::ZeroOptions{.stage = 3,
+                                     .adamw = torch::optim::AdamWOptions(args.lr),
+                                     .max_grad_norm = args.clip_grad});
+    forward = [&](const torch::Tensor& src, const torch::Tensor& tgt) {
+      return model->forward_chain([&](const torch::Tensor& x) { return sharded->forward(x); },
+                                  src, tgt);
+    };
+    update = {[&] { sharded->step(); }, [&] { sharded->zero_grad(); }};
+    // Evaluation and saving: every weight gathered on every rank while they run.
+    whole_model = [&] { return std::make_shared<kit::FullyShardedModel::FullParams>(*sharded); };
+  }
   //@ end
 
   kit::Metrics metrics(args.out_dir, args.batch_size, device, 0);
@@ -271,6 +296,7 @@ int main(int argc, char** argv) {
                                               world_size, device, metrics)
                                   .item<double>();
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0
+    auto whole = whole_model();  // until the end of this epoch's evaluation and saving
     const Scores v = evaluate(model, valid, args.eval_examples, args, rank, world_size, device);
     //@ todo 4
     //@ | One line for the job, not one per rank.
@@ -292,6 +318,7 @@ int main(int argc, char** argv) {
       //@ end
     }
   }
+  auto whole = whole_model();
   const Scores t = evaluate(model, test, args.eval_examples, args, rank, world_size, device);
   //@ todo 4
   //@ | Here too.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "kit/ddp/ddp.h"                  // DistributedDataParallel
 #include "kit/runtime/distributed.h"      // setup(), all_reduce(), print0(), save0(), destroy_process_group()
 #include "kit/sharding/zero.h"            // ZeroOptimizer: ZeRO-2
+#include "kit/sharding/zero3.h"           // FullyShardedModel: ZeRO-3
 
 // One batch on the device: the documents, the summaries' inputs (<s> and the summary) and their
 // targets (the summary and </s>), each padded with the pad id to its longest row.
@@ -192,6 +194,10 @@ int main(int argc, char** argv) {
   Forward forward = [&](const torch::Tensor& src, const torch::Tensor& tgt) {
     return model->forward(src, tgt);
   };
+  // Evaluating and saving use the model's own methods (beam_decode, save0), which read every
+  // weight on this rank: whole_model() gives a guard that holds them there while it lives.
+  // Nothing to hold while every rank keeps its whole copy.
+  std::function<std::shared_ptr<void>()> whole_model = [] { return std::shared_ptr<void>(); };
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(args.lr));
   Update update{[&] {
                   if (args.clip_grad > 0) kit::clip_grad_norm_(model->parameters(), args.clip_grad);
@@ -212,6 +218,22 @@ int main(int argc, char** argv) {
                                          .max_grad_norm = args.clip_grad});
     update = {[&] { zero->step(); }, [&] { zero->zero_grad(); }};
   }
+  std::optional<kit::FullyShardedModel> sharded;
+  if (args.strategy == "zero3") {
+    // The model as its chain of units (kit/seq2seq/model.h): each unit's weights all-gathered
+    // for its forward and again for its backward, its gradient reduce-scattered.
+    sharded.emplace(model, model->units(),
+                    kit::ZeroOptions{.stage = 3,
+                                     .adamw = torch::optim::AdamWOptions(args.lr),
+                                     .max_grad_norm = args.clip_grad});
+    forward = [&](const torch::Tensor& src, const torch::Tensor& tgt) {
+      return model->forward_chain([&](const torch::Tensor& x) { return sharded->forward(x); },
+                                  src, tgt);
+    };
+    update = {[&] { sharded->step(); }, [&] { sharded->zero_grad(); }};
+    // Evaluation and saving: every weight gathered on every rank while they run.
+    whole_model = [&] { return std::make_shared<kit::FullyShardedModel::FullParams>(*sharded); };
+  }
 
   kit::Metrics metrics(args.out_dir, args.batch_size, device, 0);
   double best = std::numeric_limits<double>::infinity();
@@ -220,6 +242,7 @@ int main(int argc, char** argv) {
                                               world_size, device, metrics)
                                   .item<double>();
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0
+    auto whole = whole_model();  // until the end of this epoch's evaluation and saving
     const Scores v = evaluate(model, valid, args.eval_examples, args, rank, world_size, device);
     kit::print0("[%ld/%ld] train loss %.5f, validation loss %.5f, ROUGE-1 %.5f, ROUGE-2 %.5f, "
                 "ROUGE-L %.5f\n", epoch + 1, args.epochs, train_loss, v.loss, v.rouge1, v.rouge2,
@@ -229,6 +252,7 @@ int main(int argc, char** argv) {
       kit::save0(model, args.out_dir + "/model-best.pt");
     }
   }
+  auto whole = whole_model();
   const Scores t = evaluate(model, test, args.eval_examples, args, rank, world_size, device);
   kit::print0("final test loss %.5f, ROUGE-1 %.5f, ROUGE-2 %.5f, ROUGE-L %.5f\n", t.loss,
               t.rouge1, t.rouge2, t.rougeL);

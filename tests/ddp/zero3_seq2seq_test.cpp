@@ -7,7 +7,7 @@
 //     FullyShardedModel give DDP's losses and weights (to float tolerance: a reduce-scatter per use
 //     of the tied embedding, which DDP sums in one all-reduce), with and without recomputation;
 //   - FullParams lets the model's own greedy_decode run on the sharded model, and empties the
-//     parameters again after;
+//     parameters again after (outside it, greedy_decode refuses in one line);
 //   - a unit that says it reuses parameters that are not exactly an earlier unit's is one line.
 #include <cmath>
 #include <string>
@@ -205,6 +205,15 @@ TEST(Zero3Seq2Seq, FullParamsRunsTheModelsOwnDecoding) {
     EXPECT_TRUE(torch::equal(model->greedy_decode(b.src, 6), twin->greedy_decode(b.src, 6)));
   }
   for (auto& p : model->parameters()) EXPECT_EQ(p.numel(), 0);
+  // Outside it, the model's own methods say what is missing in one line.
+  try {
+    model->greedy_decode(b.src, 6);
+    ADD_FAILURE() << "decoded without weights";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("Seq2Seq::greedy_decode: the model's weights are not "
+                                          "here", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("full_params()"), std::string::npos) << e.what();
+  }
   // The chain under no-grad (evaluation): the unsharded model's logits.
   torch::NoGradGuard no_grad;
   auto logits = model->forward_chain([&](const torch::Tensor& x) { return sharded.forward(x); },

@@ -96,6 +96,13 @@ void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const ch
                    ", outside [1, max_len = " + std::to_string(options_.max_len) + "]");
 }
 
+void Seq2SeqImpl::check_weights(const char* call) const {
+  if (embed_->weight.numel() == 0)
+    fail(call, "the model's weights are not here (0 elements): FullyShardedModel (ZeRO-3) keeps "
+               "only shards between uses; run the model through forward_chain(), or inside "
+               "FullyShardedModel::full_params()");
+}
+
 torch::Tensor Seq2SeqImpl::embed(const torch::Tensor& ids) {
   const int64_t len = ids.size(1);
   auto x = embed_(ids) * std::sqrt(static_cast<double>(options_.d_model));
@@ -103,6 +110,7 @@ torch::Tensor Seq2SeqImpl::embed(const torch::Tensor& ids) {
 }
 
 torch::Tensor Seq2SeqImpl::encode(const torch::Tensor& src) {
+  check_weights("Seq2Seq::encode");
   check_ids(src, "src", "Seq2Seq::encode");
   auto& encoder = *transformer_->encoder.ptr<torch::nn::TransformerEncoderImpl>();
   return encoder.forward(embed(src), /*src_mask=*/{}, /*src_key_padding_mask=*/src.eq(options_.pad_id));
@@ -111,6 +119,7 @@ torch::Tensor Seq2SeqImpl::encode(const torch::Tensor& src) {
 torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tensor& src,
                                   const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::decode";
+  check_weights(call);
   check_ids(src, "src", call);
   check_ids(tgt_in, "tgt_in", call);
   if (src.size(0) != tgt_in.size(0))
@@ -130,6 +139,7 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
 
 torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::forward";
+  check_weights(call);
   check_ids(src, "src", call);
   check_ids(tgt_in, "tgt_in", call);
   if (src.size(0) != tgt_in.size(0))
@@ -217,6 +227,7 @@ void Seq2SeqImpl::to(torch::Device device, bool non_blocking) {
 
 torch::Tensor Seq2SeqImpl::greedy_decode(const torch::Tensor& src, int64_t max_len) {
   const char* call = "Seq2Seq::greedy_decode";
+  check_weights(call);
   check_ids(src, "src", call);
   if (max_len < 1 || max_len > options_.max_len)
     fail(call, "max_len " + std::to_string(max_len) + " is outside [1, options' max_len = " +
@@ -241,6 +252,7 @@ torch::Tensor Seq2SeqImpl::greedy_decode(const torch::Tensor& src, int64_t max_l
 torch::Tensor Seq2SeqImpl::beam_decode(const torch::Tensor& src, int64_t max_len, int64_t beam,
                                        double length_penalty) {
   const char* call = "Seq2Seq::beam_decode";
+  check_weights(call);
   check_ids(src, "src", call);
   if (max_len < 1 || max_len > options_.max_len)
     fail(call, "max_len " + std::to_string(max_len) + " is outside [1, options' max_len = " +

@@ -25,7 +25,7 @@ struct SummariserArgs {
   double dropout = 0.1;
   int64_t show = 3;            // summaries rank 0 prints beside their references at each evaluation
   int64_t beam = 1;            // beams of the summaries' search (1: greedy; Seq2Seq::beam_decode)
-  std::string strategy = "ddp";  // how the state is kept: ddp (copies) or zero2 (sharded)
+  std::string strategy = "ddp";  // how the state is kept: ddp (copies), zero2 or zero3 (sharded)
 };
 
 // Like kit::parse_args: the data folder defaults to $XSUM_DIR; --name value or --name=value,

@@ -4,8 +4,8 @@ The data is a generated corpus in XSum's raw format, prepared as a participant p
 one (`./kit data xsum generate`, then `prepare`: a SentencePiece tokenizer and one HDF5 file), so
 the check needs the Python that `./kit data xsum prepare` finds (sentencepiece, h5py, numpy).
 
-The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2 on 2
-ranks (FLAG_RUNS) and under the device check; this file adds a run on 4 ranks (RANKS4), where 4
+The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2 and
+zero3 on 2 ranks (FLAG_RUNS) and under the device check; this file adds a run on 4 ranks (RANKS4), where 4
 does not divide the training batches and one rank gets no evaluation batch. The solution runs
 with the same flags. A TODO passes when:
   1  every rank joins with kit::setup() on its own device (exercise 01's judge), and the process
@@ -20,7 +20,8 @@ with the same flags. A TODO passes when:
      the model files;
   5  --strategy zero2 runs without DDP, its gradients reduce-scattered (each rank keeps a shard),
      every rank's copy of the weights the same at every step, every step's loss the solution's
-     with the same flags;
+     with the same flags; --strategy zero3 the same, its weights all-gathered too (each rank
+     keeps only a shard of them);
 and the closing row: the run on 2 and on 4 ranks reaches the solution's losses and ROUGE."""
 import contextlib
 import math
@@ -53,7 +54,8 @@ BATCH = int(RUN_FLAGS[RUN_FLAGS.index("--batch-size") + 1])
 NODES_FLAGS = list(RUN_FLAGS)
 NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
 NODES_FLAGS += ["--max-steps", "2"]
-FLAG_RUNS = {"zero2": RUN_FLAGS + ["--strategy", "zero2"]}
+SHARDED = ("zero2", "zero3")  # TODO 5's strategies, a run and a row each
+FLAG_RUNS = {k: RUN_FLAGS + ["--strategy", k] for k in SHARDED}
 RANKS4 = 4
 RUN_ENV = {"KIT_TIMEOUT": "15"}
 # The generated corpus (common/data/XSUM.md): the summary copies the names of the first sentence.
@@ -75,7 +77,7 @@ LOSS_TOL = 2e-5
 # machine's summation order.
 STEP_TOL = 1e-5
 SAVED_FILES = ("model-best.pt", "model-final.pt")
-COLLECTIVE_FILES = {"ddp.cpp": "ddp", "zero.cpp": "zero2"}
+COLLECTIVE_FILES = {"ddp.cpp": "ddp", "zero.cpp": "zero2", "zero3.cpp": "zero3"}
 RESULT_LINES = (LOSS_LINE, TEST_LINE)
 ALL_REDUCE_WHAT = ("reported numbers cover all ranks (the training mean averaged; the evaluation's "
                    "loss sum and token count, ROUGE sums and example count added up)")
@@ -85,7 +87,8 @@ PLACES = {"init": ("kit::Seq2Seq model(", "the line that creates the model"),
           "checkpoint": ("kit::save0(model, args.out_dir + \"/model-best.pt\")", "the best model's save"),
           "final": ("evaluate(model, test,", "the final evaluation")}
 LABELS = {"include": "1", "setup": "1", "destroy": "1", "data": "2", "eval-data": "2",
-          "ddp": "3", "all_reduce": "4", "print0": "4", "save0": "4", "zero2": "5"}
+          "ddp": "3", "all_reduce": "4", "print0": "4", "save0": "4", "zero2": "5",
+          "zero3": "5"}
 
 
 def data_key():
@@ -221,25 +224,31 @@ def judge_data(v, run, reference, ranks, label):
     v.add("eval-data", not why, what, why)
 
 
-def judge_zero2(v, check, data_ok):
-    what = ("--strategy zero2: no DDP, the gradients reduce-scattered, every rank's weights the "
-            "same at every step, the solution's losses")
-    mine, theirs = check.flag_runs.get("zero2", (None, None))
+def judge_sharded(v, check, data_ok, strategy):
+    """TODO 5 on the run with --strategy `strategy` (zero2 or zero3): a row of its own."""
+    what = {"zero2": "--strategy zero2: no DDP, the gradients reduce-scattered, every rank's "
+                     "weights the same at every step, the solution's losses",
+            "zero3": "--strategy zero3: no DDP, the weights all-gathered and the gradients "
+                     "reduce-scattered, the solution's losses"}[strategy]
+    mine, theirs = check.flag_runs.get(strategy, (None, None))
     if mine is None:
-        v.unreached("zero2", what, "the runs before it did not finish")
+        v.unreached(strategy, what, "the runs before it did not finish")
         return
     if not mine.finished():
-        v.add("zero2", False, what, f"the run with --strategy zero2 fails: {mine.failure()}")
+        v.add(strategy, False, what, f"the run with --strategy {strategy} fails: {mine.failure()}")
         return
     ranks = mine.ranks
     kinds = [[kv(f).get("kind") for f in mine.events(r, "coll")] for r in range(ranks)]
     problem = ""
     if any(mine.events(r, "ddp") for r in range(ranks)):
-        problem = ("the model is still wrapped in DistributedDataParallel: ZeRO-2's optimizer "
+        problem = (f"the model is still wrapped in DistributedDataParallel: ZeRO-{strategy[-1]} "
                    "averages the gradients itself (twice over, with DDP)")
     elif not all("reduce_scatter" in k for k in kinds):
         problem = ("no gradient was reduce-scattered: every rank still keeps every averaged "
                    "gradient and all of AdamW's state")
+    elif strategy == "zero3" and not all("all_gather" in k for k in kinds):
+        problem = ("no weight was all-gathered: every rank still keeps the whole model (ZeRO-2's "
+                   "sharding, not ZeRO-3's)")
     else:
         fps = [{kv(f)["step"]: kv(f)["params"] for f in mine.events(r, "forward")}
                for r in range(ranks)]
@@ -255,7 +264,7 @@ def judge_zero2(v, check, data_ok):
                 if len(a) != len(b) or any(not math.isclose(x, y, rel_tol=STEP_TOL, abs_tol=0)
                                            for x, y in zip(a, b)):
                     if not data_ok:  # other batches give other losses: TODO 2's ✘ says why
-                        v.unreached("zero2", what, f"its losses follow TODO {v.todo('data')}'s "
+                        v.unreached(strategy, what, f"its losses follow TODO {v.todo('data')}'s "
                                     "batches, which fail above")
                         return
                     k = next((i for i, (x, y) in enumerate(zip(a, b)) if not math.isclose(
@@ -263,9 +272,9 @@ def judge_zero2(v, check, data_ok):
                     problem = (f"rank {r}'s step {k + 1} loss is "
                                f"{a[k] if k < len(a) else 'missing'}, the solution's "
                                f"{b[k] if k < len(b) else 'missing'} (the same flags with "
-                               "--strategy zero2)")
+                               f"--strategy {strategy})")
                     break
-    v.add("zero2", not problem, what, problem)
+    v.add(strategy, not problem, what, problem)
 
 
 def step_losses(run, rank):
@@ -314,15 +323,16 @@ def judge(check):
     judges.check_print0(v, many, ranks, check.rules)
     judges.check_save0(v, many, ranks, check.rules)
     judges.check_destroy(v, many, ranks)
-    if joined and many.finished():
-        data_ok = not any(t == v.todo("data") and ok is False for t, ok, _, _ in v.rows)
-        judge_zero2(v, check, data_ok)
-    elif joined:
-        v.unreached("zero2", "--strategy zero2 shards the state", "the run on several ranks "
-                    "did not get to its end")
-    else:
-        v.add("zero2", False, "needs setup()", "without it every process is rank 0 of 1",
-              cause="setup")
+    for strategy in SHARDED:
+        if joined and many.finished():
+            data_ok = not any(t == v.todo("data") and ok is False for t, ok, _, _ in v.rows)
+            judge_sharded(v, check, data_ok, strategy)
+        elif joined:
+            v.unreached(strategy, f"--strategy {strategy} shards the state", "the run on several "
+                        "ranks did not get to its end")
+        else:
+            v.add(strategy, False, "needs setup()", "without it every process is rank 0 of 1",
+                  cause="setup")
     ok, a, b = same_numbers(many, check.reference)
     differs = "" if ok else f"your numbers {a[-4:]} vs the solution's {b[-4:]}"
     if ok and four is not None:

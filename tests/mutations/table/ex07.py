@@ -59,4 +59,8 @@ MUTANTS = [
      [('  if (args.strategy == "ddp") {\n    ddp.emplace', '  if (true) {\n    ddp.emplace')], []),
     ("zero2-stage-0", "stops", "5", "ZeroOptions without stage 2 (stage 0: no such ZeRO stage)",
      [(".stage = 2,", ".stage = 0,")], []),
+    ("zero3-evaluates-shards", "stops", "5", "--strategy zero3 without whole_model(): the "
+     "evaluation runs the model's own methods on its emptied parameters",
+     [("    whole_model = [&] { return std::make_shared<kit::FullyShardedModel::FullParams>"
+       "(*sharded); };\n", "")], []),
 ]
