@@ -19,9 +19,10 @@
 #     pp 1's (ex05-gpu.txt, the logs ex05-*.log).
 #  5b. the capstone (exercise 07), where HDF5 was found and prepared XSum data is at hand
 #     ($KIT_XSUM_DIR, or one generated and prepared here when this python3 has sentencepiece and
-#     h5py: `./kit data xsum generate`, `prepare`): its solution on one GPU with --strategy ddp
-#     and zero2, and with 2 GPUs on 2 ranks each: every run must end with its final line, and
-#     zero2's numbers must be ddp's within 1e-3 relative (ex07-gpu.txt, the logs ex07-*.log).
+#     h5py: `./kit data xsum generate`, `prepare`): its solution on one GPU with --strategy ddp,
+#     zero2 and zero3, and with 2 GPUs on 2 ranks each: every run must end with its final line,
+#     and zero2's and zero3's numbers must be ddp's within 1e-3 relative (ex07-gpu.txt, the logs
+#     ex07-*.log).
 #  The short checks (1-5b) come before the benchmarks (6-9), so that a run stopped at a time
 #  limit has them.
 #  6. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
@@ -302,7 +303,7 @@ if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] || [ ! -x "$BUILD/bin/ex07-solution
       "KIT_XSUM_DIR, or sentencepiece and h5py in $PYTHON)" | tee "$RESULTS/ex07-gpu.txt"
 else
   rm -rf "$BUILD/ex07-gpu"
-  say "the capstone on the GPUs: DDP and ZeRO-2 with NCCL ($xsum)"
+  say "the capstone on the GPUs: DDP, ZeRO-2 and ZeRO-3 with NCCL ($xsum)"
   ex07_numbers() {  # NAME RANKS FLAGS...: the final line's four numbers, or nothing
     local name=$1 ranks=$2
     shift 2
@@ -318,15 +319,17 @@ else
     [ "$gpus" -ge 2 ] && shapes+=("2")
     for ranks in "${shapes[@]}"; do
       ddp=$(ex07_numbers "ddp$ranks" "$ranks" --strategy ddp)
-      zero=$(ex07_numbers "zero2-$ranks" "$ranks" --strategy zero2)
-      if [ -n "$ddp" ] && [ -n "$zero" ] && awk -v a="$ddp" -v b="$zero" 'BEGIN {
-          n = split(a, x, " "); split(b, y, " ");
-          for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
-          exit 0 }'; then
-        echo "$ranks GPU(s): ddp (test loss, ROUGE-1, -2, -L) $ddp; zero2 $zero: equal within 1e-3"
-      else
-        echo "$ranks GPU(s): ddp ${ddp:-none (see ex07-ddp$ranks.log)}, zero2 ${zero:-none (see ex07-zero2-$ranks.log)}: FAILED"
-      fi
+      for strategy in zero2 zero3; do
+        zero=$(ex07_numbers "$strategy-$ranks" "$ranks" --strategy "$strategy")
+        if [ -n "$ddp" ] && [ -n "$zero" ] && awk -v a="$ddp" -v b="$zero" 'BEGIN {
+            n = split(a, x, " "); split(b, y, " ");
+            for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
+            exit 0 }'; then
+          echo "$ranks GPU(s): ddp (test loss, ROUGE-1, -2, -L) $ddp; $strategy $zero: equal within 1e-3"
+        else
+          echo "$ranks GPU(s): ddp ${ddp:-none (see ex07-ddp$ranks.log)}, $strategy ${zero:-none (see ex07-$strategy-$ranks.log)}: FAILED"
+        fi
+      done
     done
   } 2>&1 | tee "$RESULTS/ex07-gpu.txt"
   grep -q FAILED "$RESULTS/ex07-gpu.txt" && status=1
