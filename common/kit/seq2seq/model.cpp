@@ -96,6 +96,15 @@ void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const ch
                    ", outside [1, max_len = " + std::to_string(options_.max_len) + "]");
 }
 
+void Seq2SeqImpl::check_pair(const torch::Tensor& src, const torch::Tensor& tgt_in,
+                             const char* call) const {
+  check_ids(src, "src", call);
+  check_ids(tgt_in, "tgt_in", call);
+  if (src.size(0) != tgt_in.size(0))
+    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
+                   std::to_string(tgt_in.size(0)));
+}
+
 void Seq2SeqImpl::check_weights(const char* call) const {
   if (embed_->weight.numel() == 0)
     fail(call, "the model's weights are not here (0 elements): FullyShardedModel (ZeRO-3) keeps "
@@ -120,11 +129,7 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
                                   const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::decode";
   check_weights(call);
-  check_ids(src, "src", call);
-  check_ids(tgt_in, "tgt_in", call);
-  if (src.size(0) != tgt_in.size(0))
-    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
-                   std::to_string(tgt_in.size(0)));
+  check_pair(src, tgt_in, call);
   auto& decoder = *transformer_->decoder.ptr<torch::nn::TransformerDecoderImpl>();
   // -inf above the diagonal: position t sees the targets up to t (float, as Python's
   // Transformer.generate_square_subsequent_mask).
@@ -140,11 +145,7 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
 torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::forward";
   check_weights(call);
-  check_ids(src, "src", call);
-  check_ids(tgt_in, "tgt_in", call);
-  if (src.size(0) != tgt_in.size(0))
-    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
-                   std::to_string(tgt_in.size(0)));
+  check_pair(src, tgt_in, call);
   // Each training forward's weights, for the checker (are the copies of all ranks the same?).
   if (is_training() && torch::GradMode::is_enabled())
     observe::training_forward(*this, ++training_forwards_);
@@ -202,11 +203,7 @@ std::vector<Seq2SeqUnit> Seq2SeqImpl::units() {
 torch::Tensor Seq2SeqImpl::forward_chain(const Chain& chain, const torch::Tensor& src,
                                          const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::forward_chain";
-  check_ids(src, "src", call);
-  check_ids(tgt_in, "tgt_in", call);
-  if (src.size(0) != tgt_in.size(0))
-    fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
-                   std::to_string(tgt_in.size(0)));
+  check_pair(src, tgt_in, call);
   if (is_training() && torch::GradMode::is_enabled())
     observe::training_forward(*this, ++training_forwards_);
   // The masks decode() makes, once for every unit.

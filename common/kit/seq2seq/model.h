@@ -132,6 +132,8 @@ class Seq2SeqImpl : public torch::nn::Module {
  private:
   torch::Tensor embed(const torch::Tensor& ids);  // [batch, len] -> [len, batch, d_model]
   void check_ids(const torch::Tensor& ids, const char* what, const char* call) const;
+  // Both as check_ids() wants them, with as many rows.
+  void check_pair(const torch::Tensor& src, const torch::Tensor& tgt_in, const char* call) const;
   // The weights are here (not emptied by ZeRO-3 between uses), or one line naming the call.
   void check_weights(const char* call) const;
 
