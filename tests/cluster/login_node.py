@@ -153,15 +153,15 @@ def cuda_build(as_user, site):
     start = time.time()
     rc, out = as_user(site, f"cd ~/kit && {resets} && KIT_NO_INSTALL=1 KIT_CUDA_PYTHON=python3 "
                       "KIT_CUDA_BUILD_DIR=$HOME/kit/build ./kit cuda-build")
-    expect(rc == 0, f"./kit cuda-build in the participant's build folder compiles everything against "
-           f"the CUDA torch and runs ({time.time() - start:.0f} s)", out)
+    expect(rc == 0, f"./kit cuda-build in the participant's build folder compiles everything "
+           f"against the CUDA torch and runs ({time.time() - start:.0f} s)", out)
     expect("NCCL ON" in out, "the CUDA build compiles the NCCL path (configure says NCCL ON)", out)
     expect("kit_common.dir" not in out, "it reuses the participant's kit_common: no file of "
            "common/kit compiled again", out)
     expect(re.search(r"CUDA build, KIT_BACKEND=nccl: .*KIT_BACKEND=nccl", out) is not None,
            "KIT_BACKEND=nccl without a GPU: one line", out)
-    gpu = re.search(r"100% tests passed, 0 tests failed out of (\d+), (\d+) of them skipped: no GPU",
-                    out)
+    gpu = re.search(r"100% tests passed, 0 tests failed out of (\d+), (\d+) of them skipped: "
+                    r"no GPU", out)
     expect(gpu is not None and int(gpu.group(2)) > 0, "ctest -L gpu: no GPU test fails; those that "
            "need a GPU skip here, saying why", out)
 

@@ -197,7 +197,8 @@ TEST(Zero3Seq2Seq, FullParamsRunsTheModelsOwnDecoding) {
   kit::Seq2Seq model(options()), twin(options());
   model->eval();
   twin->eval();
-  kit::FullyShardedModel sharded(model, model->units(), kit::ZeroOptions{3, kit_bench::adamw(), groups[0].get()});
+  kit::FullyShardedModel sharded(model, model->units(),
+                                 kit::ZeroOptions{3, kit_bench::adamw(), groups[0].get()});
   const Batch b = batch(7, 3);
   for (auto& p : model->parameters()) EXPECT_EQ(p.numel(), 0);
   {
@@ -234,7 +235,8 @@ TEST(Zero3Seq2Seq, AReuseOfOtherParametersIsOneLine) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
               "FullyShardedModel: unit '" + units.back().name + "' reuses parameters that are not "
-              "exactly those of one earlier unit (zero3_seq2seq_test.cpp:" + std::to_string(line) + ")");
+              "exactly those of one earlier unit (zero3_seq2seq_test.cpp:" +
+                  std::to_string(line) + ")");
   }
   for (auto& p : model->parameters()) EXPECT_GT(p.numel(), 0) << "the model as it was";
 }

@@ -169,7 +169,8 @@ std::vector<Seq2SeqUnit> Seq2SeqImpl::units() {
                      return layer->forward(x, /*src_mask=*/{}, batch->src_pad);
                    }});
   }
-  out.push_back({encoder_norm, [encoder_norm](const torch::Tensor& x) { return encoder_norm->forward(x); }});
+  out.push_back({encoder_norm,
+                 [encoder_norm](const torch::Tensor& x) { return encoder_norm->forward(x); }});
   // The summary inputs' embedding after the memory: [S + T, batch, d].
   out.push_back({embed_.ptr(),
                  [this, batch](const torch::Tensor& memory) {

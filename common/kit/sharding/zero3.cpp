@@ -204,7 +204,8 @@ void check_units(const torch::nn::Module& model, const std::vector<ShardedUnit>&
       // Tied weights: exactly the trainable parameters of one earlier unit, in its order.
       const ShardedUnit* first = nullptr;
       if (!mine.empty())
-        if (auto it = owner.find(mine[0].unsafeGetTensorImpl()); it != owner.end()) first = it->second;
+        if (auto it = owner.find(mine[0].unsafeGetTensorImpl()); it != owner.end())
+          first = it->second;
       std::vector<torch::Tensor> theirs;
       if (first) theirs = trainable(first->params);
       const bool same = first && theirs.size() == mine.size() &&

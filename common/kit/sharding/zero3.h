@@ -156,7 +156,7 @@ std::vector<ShardedUnit> sharded_units(const std::vector<U>& units) {
   std::vector<ShardedUnit> out;
   for (size_t k = 0; k < units.size(); ++k) {
     bool reuse = false;
-    if constexpr (requires { units[k].reuse; }) reuse = units[k].reuse;
+    if constexpr (requires(const U& u) { u.reuse; }) reuse = units[k].reuse;
     out.emplace_back("unit " + std::to_string(k) + " (" + units[k].module->name() + ")",
                      units[k].run, units[k].module->parameters(), reuse);
   }

@@ -37,7 +37,8 @@ A TODO passes when, in each run where it matters:
   7  the first step runs --micro-batches micro-batches through each chunk;
   8  each rank's forwards and backwards of the first step come in the schedule's order (the
      solution's run of the same flags), and in the second step no rank holds more tensor bytes
-     at once than the solution's run does (within ACTIVATIONS_TOL: the counting allocator);
+     at once than the solution's run does (within ACTIVATIONS_TOL: the counting allocator; in
+     the runs without a dp group);
   9  the process group is closed at the end (exercise 01's judge, on the engine's run).
 Numbers are judged only where the structure they rest on is right; otherwise "not reached", so
 that a mistake is named once. A run that stops in a line of a TODO (a kit error ends with the
@@ -585,7 +586,13 @@ def judge_activations(e, run, ref, lay):
     GPipe all of them. The bytes come from the counting allocator (RUN_ENV's KIT_MEMORY_COUNT),
     recorded around each forward and backward (kit/check/observe.h). It counts CPU tensors: in a
     check on GPUs (a Slurm allocation) the activations are on the devices, the counted host bytes
-    hardly move, and this judges nothing there."""
+    hardly move, and this judges nothing there. Nor at pp x dp: the dp group's gradient
+    all-reduces run in Gloo's threads beside the step's actions, and how many of their buffers are
+    alive when an action ends depends on the machine's load (a CI run of 2026-11-28 measured the
+    solution's own build 447 KiB against its reference's 282 at pp 2 x dp 2, interleaved); the
+    pipelines without dp (pp 2 and pp 4, every schedule) show what each schedule keeps."""
+    if lay.dp > 1:
+        return
     for r in range(run.ranks):
         got = activations_peak(step_actions(run, r, STEP_MEASURED))
         want = activations_peak(step_actions(ref, r, STEP_MEASURED))

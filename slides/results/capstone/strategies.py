@@ -34,7 +34,8 @@ def read(folder):
 
 def main(folders):
     runs = {os.path.basename(os.path.normpath(f)): read(f) for f in folders}
-    print("| run | step, median (min-max) | samples/s, epoch 2 | peak memory per rank | last loss |")
+    print("| run | step, median (min-max) | samples/s, epoch 2 | peak memory per rank "
+          "| last loss |")
     print("|---|---:|---:|---:|---:|")
     for name, r in runs.items():
         peaks = " / ".join(f"{p:.1f}" for p in r["peaks"])
@@ -50,7 +51,8 @@ def main(folders):
                 continue
             ratios = [m / d for m in medians for d in by["ddp"]]
             print(f"{s} / ddp, median step time: {statistics.median(ratios):.2f} "
-                  f"(range over the {len(ratios)} pairs of repeats: {min(ratios):.2f}-{max(ratios):.2f})")
+                  f"(range over the {len(ratios)} pairs of repeats: "
+                  f"{min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
