@@ -118,6 +118,17 @@ torch::Tensor Seq2SeqImpl::embed(const torch::Tensor& ids) {
   return dropout_(x + positions_.narrow(0, 0, len).unsqueeze(0)).transpose(0, 1);
 }
 
+// -inf above the diagonal: position t sees the targets up to t (float, as Python's
+// Transformer.generate_square_subsequent_mask).
+torch::Tensor Seq2SeqImpl::causal_mask(int64_t len, torch::Device device) {
+  return torch::nn::TransformerImpl::generate_square_subsequent_mask(len).to(device);
+}
+
+// The output projection is the embedding (model.h): [T, b, d] -> [b, T, vocab].
+torch::Tensor Seq2SeqImpl::project(const torch::Tensor& h) {
+  return torch::nn::functional::linear(h.transpose(0, 1), embed_->weight);
+}
+
 torch::Tensor Seq2SeqImpl::encode(const torch::Tensor& src) {
   check_weights("Seq2Seq::encode");
   check_ids(src, "src", "Seq2Seq::encode");
@@ -131,15 +142,11 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
   check_weights(call);
   check_pair(src, tgt_in, call);
   auto& decoder = *transformer_->decoder.ptr<torch::nn::TransformerDecoderImpl>();
-  // -inf above the diagonal: position t sees the targets up to t (float, as Python's
-  // Transformer.generate_square_subsequent_mask).
-  auto causal = torch::nn::TransformerImpl::generate_square_subsequent_mask(tgt_in.size(1))
-                    .to(memory.device());
+  auto causal = causal_mask(tgt_in.size(1), memory.device());
   auto h = decoder.forward(embed(tgt_in), memory, causal, /*memory_mask=*/{},
                            /*tgt_key_padding_mask=*/tgt_in.eq(options_.pad_id),
                            /*memory_key_padding_mask=*/src.eq(options_.pad_id));
-  // The output projection is the embedding (model.h): [T, b, d] -> [b, T, vocab].
-  return torch::nn::functional::linear(h.transpose(0, 1), embed_->weight);
+  return project(h);
 }
 
 torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
@@ -192,11 +199,8 @@ std::vector<Seq2SeqUnit> Seq2SeqImpl::units() {
                    const int64_t s = batch->src_len;
                    return decoder_norm->forward(x.narrow(0, s, x.size(0) - s));  // [T, batch, d]
                  }});
-  // The output projection is the embedding (model.h): [T, batch, d] -> [batch, T, vocab].
-  out.push_back({embed_.ptr(),
-                 [this](const torch::Tensor& h) {
-                   return torch::nn::functional::linear(h.transpose(0, 1), embed_->weight);
-                 },
+  // The output projection, with the embedding's weights again.
+  out.push_back({embed_.ptr(), [this](const torch::Tensor& h) { return project(h); },
                  /*reuse=*/true});
   return out;
 }
@@ -212,8 +216,7 @@ torch::Tensor Seq2SeqImpl::forward_chain(const Chain& chain, const torch::Tensor
       .tgt_in = tgt_in,
       .src_pad = src.eq(options_.pad_id),
       .tgt_pad = tgt_in.eq(options_.pad_id),
-      .causal = torch::nn::TransformerImpl::generate_square_subsequent_mask(tgt_in.size(1))
-                    .to(src.device()),
+      .causal = causal_mask(tgt_in.size(1), src.device()),
       .src_len = src.size(1)};
   return chain(src);
 }

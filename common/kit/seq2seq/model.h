@@ -131,6 +131,10 @@ class Seq2SeqImpl : public torch::nn::Module {
 
  private:
   torch::Tensor embed(const torch::Tensor& ids);  // [batch, len] -> [len, batch, d_model]
+  // decode()'s pieces, which units() runs too: the decoder's causal mask, and the output
+  // projection [T, batch, d] -> [batch, T, vocab].
+  static torch::Tensor causal_mask(int64_t len, torch::Device device);
+  torch::Tensor project(const torch::Tensor& h);
   void check_ids(const torch::Tensor& ids, const char* what, const char* call) const;
   // Both as check_ids() wants them, with as many rows.
   void check_pair(const torch::Tensor& src, const torch::Tensor& tgt_in, const char* call) const;
