@@ -25,7 +25,7 @@
 #include "kit/train/metrics.h"            // Metrics: metrics.csv, progress lines, per-rank reports
 #include "kit/train/summariser_args.h"    // SummariserArgs: the flags
 // TODO 1: Make it distributed: every rank a process of its own, on its own device. The kit's headers
-//         for that are the ones of exercise 01 (and of 03 for TODO 5).
+//         for that are the ones of exercise 01 (and of 03 for TODO 5, of 04 for TODO 6).
 
 // One batch on the device: the documents, the summaries' inputs (<s> and the summary) and their
 // targets (the summary and </s>), each padded with the pad id to its longest row.
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   model->to(device);
 
   // What a step runs: the model's forward, AdamW on every gradient (clipped first with
-  // --clip-grad). TODO 3 and TODO 5 change who computes and who keeps what.
+  // --clip-grad). TODOs 3, 5 and 6 change who computes and who keeps what.
   Forward forward = [&](const torch::Tensor& src, const torch::Tensor& tgt) {
     return model->forward(src, tgt);
   };
@@ -197,6 +197,9 @@ int main(int argc, char** argv) {
   // weight on this rank: whole_model() gives a guard that holds them there while it lives.
   // Nothing to hold while every rank keeps its whole copy.
   std::function<std::shared_ptr<void>()> whole_model = [] { return std::shared_ptr<void>(); };
+  // Who shares out the training batches (TODO 2): every rank its own, unless the ranks of one
+  // model must read the same ones (TODO 6).
+  int data_rank = rank, data_ranks = world_size;
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(args.lr));
   Update update{[&] {
                   if (args.clip_grad > 0) kit::clip_grad_norm_(model->parameters(), args.clip_grad);
@@ -215,12 +218,21 @@ int main(int argc, char** argv) {
                  args.strategy.c_str());
     return 2;
   }
+  // TODO 6: Split the model (--strategy tp, --tp N): every attention's heads and every feed-forward
+  //         layer's columns over N ranks, as in exercise 04 (its mesh; this model's split layers are
+  //         in kit/seq2seq/parallel.h). The N ranks of one split model compute on the same batches;
+  //         the copies of each slice (N ranks apart) stay alike as in TODO 3; the clipping must see
+  //         the whole model's gradient. Evaluation and saving still use the whole model.
+  if (args.strategy == "tp") {
+    std::fprintf(stderr, "error: --strategy tp needs TODO 6 (split the model)\n");
+    return 2;
+  }
 
   kit::Metrics metrics(args.out_dir, args.batch_size, device, 0);
   double best = std::numeric_limits<double>::infinity();
   for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
-    const double train_loss = train_one_epoch(model, forward, update, train, args, epoch, rank,
-                                              world_size, device, metrics)
+    const double train_loss = train_one_epoch(model, forward, update, train, args, epoch,
+                                              data_rank, data_ranks, device, metrics)
                                   .item<double>();
     metrics.end_epoch(epoch);  // every rank's device, samples/s and peak memory, shown by rank 0
     auto whole = whole_model();  // until the end of this epoch's evaluation and saving

@@ -21,8 +21,9 @@
 #     ($KIT_XSUM_DIR, or one generated and prepared here when this python3 has sentencepiece and
 #     h5py: `./kit data xsum generate`, `prepare`): its solution on one GPU with --strategy ddp,
 #     zero2 and zero3, and with 2 GPUs on 2 ranks each: every run must end with its final line,
-#     and zero2's and zero3's numbers must be ddp's within 1e-3 relative (ex07-gpu.txt, the logs
-#     ex07-*.log).
+#     and zero2's and zero3's numbers must be ddp's within 1e-3 relative; with 2 GPUs also
+#     --strategy tp --tp 2, whose numbers must be ddp's on 1 GPU (the same batches) within 1e-3
+#     (ex07-gpu.txt, the logs ex07-*.log).
 #  The short checks (1-5b) come before the benchmarks (6-9), so that a run stopped at a time
 #  limit has them.
 #  6. runs the DDP benchmark on one GPU: the kit's C++ DDP against PyTorch's DDP, one NCCL rank
@@ -303,7 +304,7 @@ if [ -z "$torch_cuda" ] || [ "$gpus" -lt 1 ] || [ ! -x "$BUILD/bin/ex07-solution
       "KIT_XSUM_DIR, or sentencepiece and h5py in $PYTHON)" | tee "$RESULTS/ex07-gpu.txt"
 else
   rm -rf "$BUILD/ex07-gpu"
-  say "the capstone on the GPUs: DDP, ZeRO-2 and ZeRO-3 with NCCL ($xsum)"
+  say "the capstone on the GPUs: DDP, ZeRO-2, ZeRO-3 and tensor parallelism with NCCL ($xsum)"
   ex07_numbers() {  # NAME RANKS FLAGS...: the final line's four numbers, or nothing
     local name=$1 ranks=$2
     shift 2
@@ -331,6 +332,19 @@ else
         fi
       done
     done
+    # --strategy tp --tp 2 on 2 GPUs: one copy of the model, split, on the batches of DDP on 1.
+    if [ "$gpus" -ge 2 ]; then
+      ddp=$(ex07_numbers "ddp1" 1 --strategy ddp)
+      tp=$(ex07_numbers "tp-2" 2 --strategy tp --tp 2)
+      if [ -n "$ddp" ] && [ -n "$tp" ] && awk -v a="$ddp" -v b="$tp" 'BEGIN {
+          n = split(a, x, " "); split(b, y, " ");
+          for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
+          exit 0 }'; then
+        echo "2 GPU(s): tp 2 $tp; ddp on 1 GPU $ddp: equal within 1e-3"
+      else
+        echo "2 GPU(s): tp 2 ${tp:-none (see ex07-tp-2.log)}, ddp on 1 ${ddp:-none (see ex07-ddp1.log)}: FAILED"
+      fi
+    fi
   } 2>&1 | tee "$RESULTS/ex07-gpu.txt"
   grep -q FAILED "$RESULTS/ex07-gpu.txt" && status=1
 fi

@@ -7,6 +7,7 @@
 //     Seq2Seq trained on the same batches (so every gradient, of the split and of the whole
 //     weights, is the full model's), and every tp rank gathers exactly the same model (the
 //     replicated weights stay alike without being all-reduced);
+//   - clip_grad_norm_ clips by the whole model's norm, as kit::clip_grad_norm_ on Seq2Seq;
 //   - with dropout, the tp ranks still hold the same replicated weights (replicated stream);
 //   - what it cannot split is one line naming it and the calling line.
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "kit/runtime/process_group.h"  // local_groups
 #include "kit/seq2seq/batches.h"        // pad_batch
 #include "kit/seq2seq/parallel.h"       // ParallelSeq2Seq
+#include "kit/train/clip.h"              // clip_grad_norm_: the reference's clipping
 #include "tp_runs.h"                    // kit_bench::on_ranks
 
 namespace {
@@ -76,14 +78,16 @@ constexpr int kSteps = 3, kRows = 4;
 struct TpRun {
   std::vector<torch::Tensor> first_logits;                    // per rank
   std::vector<std::map<std::string, torch::Tensor>> trained;  // per rank: write_full()'s model
+  std::vector<std::vector<double>> norms;                     // per rank: clip_grad_norm_'s
 };
 
 // Every rank trains its ParallelSeq2Seq (tp = n) with SGD on the same batches.
-TpRun train_tp(int n, double dropout) {
+TpRun train_tp(int n, double dropout, double clip = 0) {
   World w = world(n, kit::MeshOptions{.tp = n});
   TpRun run;
   run.first_logits.resize(n);
   run.trained.resize(n);
+  run.norms.resize(n);
   // Made here, one after the other: a Seq2Seq draws its weights from the process's generator.
   std::vector<kit::Seq2Seq> fulls, gathered;
   for (int r = 0; r < n; ++r) {
@@ -102,6 +106,7 @@ TpRun train_tp(int n, double dropout) {
       auto logits = model->forward(b.src, b.tgt_in);
       if (k == 0) run.first_logits[r] = logits.detach().clone();
       kit::seq2seq_loss(logits, b.tgt_out, 0).backward();
+      if (clip > 0) run.norms[r].push_back(model->clip_grad_norm_(clip).item<double>());
       sgd.step();
       sgd.zero_grad();
     }
@@ -113,20 +118,28 @@ TpRun train_tp(int n, double dropout) {
   return run;
 }
 
-TEST(ParallelSeq2Seq, AtTp1To4ItComputesSeq2SeqsLogitsAndTrainsItsWeights) {
-  // The reference: the whole model, the same batches and steps.
-  kit::Seq2Seq ref(options());
+// The whole model trained as train_tp() trains the split one; its norms before clipping.
+std::vector<double> train_whole(kit::Seq2Seq& ref, torch::Tensor& first_logits, double clip = 0) {
   ref->train();
   torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.5));
-  torch::Tensor ref_logits;
+  std::vector<double> norms;
   for (int k = 0; k < kSteps; ++k) {
     const Batch b = batch(100 + k, kRows);
     auto logits = ref->forward(b.src, b.tgt_in);
-    if (k == 0) ref_logits = logits.detach().clone();
+    if (k == 0) first_logits = logits.detach().clone();
     kit::seq2seq_loss(logits, b.tgt_out, 0).backward();
+    if (clip > 0) norms.push_back(kit::clip_grad_norm_(ref->parameters(), clip).item<double>());
     sgd.step();
     sgd.zero_grad();
   }
+  return norms;
+}
+
+TEST(ParallelSeq2Seq, AtTp1To4ItComputesSeq2SeqsLogitsAndTrainsItsWeights) {
+  // The reference: the whole model, the same batches and steps.
+  kit::Seq2Seq ref(options());
+  torch::Tensor ref_logits;
+  train_whole(ref, ref_logits);
   for (int n : {1, 2, 4}) {
     TpRun run = train_tp(n, 0.0);
     for (int r = 0; r < n; ++r) {
@@ -141,6 +154,22 @@ TEST(ParallelSeq2Seq, AtTp1To4ItComputesSeq2SeqsLogitsAndTrainsItsWeights) {
             << p.key() << ", tp " << n << " rank " << r << " against rank 0";
       }
     }
+  }
+}
+
+TEST(ParallelSeq2Seq, ItClipsTheWholeModelsGradientNorm) {
+  kit::Seq2Seq ref(options());
+  torch::Tensor ref_logits;
+  const std::vector<double> want = train_whole(ref, ref_logits, 0.05);
+  TpRun run = train_tp(2, 0.0, 0.05);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(run.norms[r].size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_GT(want[k], 0.05) << "step " << k << ": the clipping must act";
+      EXPECT_NEAR(run.norms[r][k], want[k], 1e-5 * want[k]) << "rank " << r << " step " << k;
+    }
+    for (auto& p : ref->named_parameters())
+      EXPECT_LT(relative(run.trained[r].at(p.key()), p.value()), 1e-5) << p.key() << " rank " << r;
   }
 }
 

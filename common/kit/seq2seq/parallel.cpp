@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "kit/check/observe.h"     // model_to(), training_forward(): for the capstone's checker
+#include "kit/parallel/mappings.h" // reduce_from
 #include "kit/parallel/mesh.h"     // Mesh
 #include "kit/parallel/random.h"   // RandomStreams, dropout
 
@@ -185,6 +186,49 @@ ParallelSeq2SeqImpl::ParallelSeq2SeqImpl(Seq2Seq& full, const Mesh& mesh, Random
   }
   encoder_norm_ = register_module("encoder_norm", own_norm(encoder.norm.get<torch::nn::LayerNorm>()));
   decoder_norm_ = register_module("decoder_norm", own_norm(decoder.norm.get<torch::nn::LayerNorm>()));
+  for (auto* stack : {&encoder_, &decoder_})
+    for (auto& layer : *stack) {
+      for (auto* attn : {&layer->self_attn, &layer->cross_attn}) {
+        if (attn->is_empty()) continue;
+        for (auto* column : {&(*attn)->qkv, &(*attn)->q, &(*attn)->kv})
+          if (!column->is_empty()) split_.insert(split_.end(), {(*column)->weight, (*column)->bias});
+        split_.push_back((*attn)->out->weight);
+      }
+      split_.insert(split_.end(), {layer->mlp->linear1->weight, layer->mlp->linear1->bias,
+                                   layer->mlp->linear2->weight});
+    }
+}
+
+torch::Tensor ParallelSeq2SeqImpl::clip_grad_norm_(double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto squares = [](const std::vector<torch::Tensor>& params) {
+    torch::Tensor sum;
+    for (const auto& p : params)
+      if (p.grad().defined()) {
+        auto s = p.grad().pow(2).sum();
+        sum = sum.defined() ? sum + s : s;
+      }
+    return sum;
+  };
+  std::vector<torch::Tensor> whole, all;
+  for (auto& p : parameters()) {
+    all.push_back(p);
+    bool split = false;
+    for (const auto& s : split_) split = split || s.is_same(p);
+    if (!split) whole.push_back(p);
+  }
+  auto split_sum = squares(split_);
+  auto whole_sum = squares(whole);
+  if (!split_sum.defined() && !whole_sum.defined()) return torch::zeros({});
+  if (!split_sum.defined()) split_sum = torch::zeros_like(whole_sum);
+  if (!whole_sum.defined()) whole_sum = torch::zeros_like(split_sum);
+  // Every tp rank's squares of its slices, added up: the split weights' part of the norm.
+  split_sum = reduce_from(split_sum, tp_, site_);
+  auto norm = (split_sum + whole_sum).sqrt();
+  auto factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (auto& p : all)
+    if (p.grad().defined()) p.grad().mul_(factor);
+  return norm;
 }
 
 torch::Tensor ParallelSeq2SeqImpl::embed(const torch::Tensor& ids) {

@@ -111,6 +111,15 @@ class ParallelSeq2SeqImpl : public torch::nn::Module {
   // over tp: every tp rank calls it.
   void write_full(Seq2Seq& full);
 
+  // kit::clip_grad_norm_ (kit/train/clip.h) for the split model: the L2 norm of the whole
+  // model's gradient (the squares of each split gradient summed over tp, the replicated ones
+  // counted once: they are the same on every tp rank), every gradient scaled by max_norm /
+  // (norm + 1e-6) where that is below 1. Collective over tp. Returns the norm, a 0-d tensor.
+  torch::Tensor clip_grad_norm_(double max_norm);
+  // This rank's slices of the split weights (the column layers' weights and biases, the row
+  // layers' weights); every other parameter is whole on every tp rank.
+  const std::vector<torch::Tensor>& split_parameters() const { return split_; }
+
   const Seq2SeqOptions& options() const { return options_; }
   // Module::to, told to the checker first (kit/check/observe.h), as Seq2Seq's.
   void to(torch::Device device, bool non_blocking = false) override;
@@ -128,6 +137,7 @@ class ParallelSeq2SeqImpl : public torch::nn::Module {
   torch::Tensor positions_;
   std::vector<std::shared_ptr<Layer>> encoder_, decoder_;
   torch::nn::LayerNorm encoder_norm_{nullptr}, decoder_norm_{nullptr};
+  std::vector<torch::Tensor> split_;  // split_parameters()
   int64_t training_forwards_ = 0;
 };
 // The holder, with the calling line filled in at the trainer's (KIT_MODULE_HOLDER, layers.h).

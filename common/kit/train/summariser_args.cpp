@@ -37,11 +37,12 @@ SummariserArgs parse_summariser_args(int argc, char** argv) {
       {"--dropout", "dropout probability", [&](auto v) { a.dropout = flag_real("--dropout", v, 0, 0.99); }},
       {"--show", "generated summaries rank 0 prints at each evaluation", whole("--show", 0, a.show)},
       {"--beam", "beams of the summaries' search at each evaluation (1: greedy)", whole("--beam", 1, a.beam)},
-      {"--strategy", "ddp (every rank a whole copy), zero2 (AdamW's state and the gradients sharded) "
-                     "or zero3 (the weights too)", text(a.strategy)},
+      {"--strategy", "ddp (every rank a whole copy), zero2 (AdamW's state and the gradients sharded), "
+                     "zero3 (the weights too) or tp (each layer split over --tp ranks)", text(a.strategy)},
+      {"--tp", "--strategy tp: ranks that split each layer (must divide the world size)", whole("--tp", 1, a.tp)},
   });
-  if (a.strategy != "ddp" && a.strategy != "zero2" && a.strategy != "zero3")
-    flag_error("--strategy " + a.strategy + ": ddp, zero2 or zero3");
+  if (a.strategy != "ddp" && a.strategy != "zero2" && a.strategy != "zero3" && a.strategy != "tp")
+    flag_error("--strategy " + a.strategy + ": ddp, zero2, zero3 or tp");
   if (a.d_model % a.heads != 0)
     flag_error("--heads " + std::to_string(a.heads) + " does not divide --d-model " +
                std::to_string(a.d_model));

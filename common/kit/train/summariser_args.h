@@ -25,12 +25,14 @@ struct SummariserArgs {
   double dropout = 0.1;
   int64_t show = 3;            // summaries rank 0 prints beside their references at each evaluation
   int64_t beam = 1;            // beams of the summaries' search (1: greedy; Seq2Seq::beam_decode)
-  std::string strategy = "ddp";  // how the state is kept: ddp (copies), zero2 or zero3 (sharded)
+  std::string strategy = "ddp";  // ddp (copies), zero2 or zero3 (the state sharded), tp (split)
+  int64_t tp = 2;              // --strategy tp: ranks that split each layer (dp = world size / tp)
 };
 
 // Like kit::parse_args: the data folder defaults to $XSUM_DIR; --name value or --name=value,
 // --help; one line and exit 2 on a bad command line (an unknown --strategy, --heads that do not
-// divide --d-model, no data folder).
+// divide --d-model, no data folder). The mesh and the model refuse a --tp that does not divide the
+// world size, --heads or --feedforward, in one line each.
 SummariserArgs parse_summariser_args(int argc, char** argv);
 
 }  // namespace kit

@@ -4,8 +4,8 @@ The data is a generated corpus in XSum's raw format, prepared as a participant p
 one (`./kit data xsum generate`, then `prepare`: a SentencePiece tokenizer and one HDF5 file), so
 the check needs the Python that `./kit data xsum prepare` finds (sentencepiece, h5py, numpy).
 
-The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2 and
-zero3 on 2 ranks (FLAG_RUNS) and under the device check; this file adds a run on 4 ranks
+The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2,
+zero3 and tp (--tp 2) on 2 ranks (FLAG_RUNS) and under the device check; this file adds a run on 4 ranks
 (RANKS4), where 4 does not divide the training batches and one rank gets no evaluation batch.
 The solution runs with the same flags. A TODO passes when:
   1  every rank joins with kit::setup() on its own device (exercise 01's judge), and the process
@@ -22,6 +22,10 @@ The solution runs with the same flags. A TODO passes when:
      every rank's copy of the weights the same at every step, every step's loss the solution's
      with the same flags; --strategy zero3 the same, its weights all-gathered too (each rank
      keeps only a shard of them);
+  6  --strategy tp: the layers' activations all-reduced over the tp group (the model split, not
+     copied), the ranks of one split model reading the same batches, every step's loss and every
+     printed number (evaluation runs on the gathered whole model) the solution's with the same
+     flags;
 and the closing row: the run on 2 and on 4 ranks reaches the solution's losses and ROUGE."""
 import contextlib
 import math
@@ -55,7 +59,10 @@ NODES_FLAGS = list(RUN_FLAGS)
 NODES_FLAGS[NODES_FLAGS.index("--epochs") + 1] = "1"
 NODES_FLAGS += ["--max-steps", "2"]
 SHARDED = ("zero2", "zero3")  # TODO 5's strategies, a run and a row each
+TP = 2  # TODO 6's run: --strategy tp --tp 2 on 2 ranks (one copy of the model, split in two)
 FLAG_RUNS = {k: RUN_FLAGS + ["--strategy", k] for k in SHARDED}
+FLAG_RUNS["tp"] = RUN_FLAGS + ["--strategy", "tp", "--tp", str(TP)]
+D_MODEL = int(RUN_FLAGS[RUN_FLAGS.index("--d-model") + 1])
 RANKS4 = 4
 RUN_ENV = {"KIT_TIMEOUT": "15"}
 # The generated corpus (common/data/XSUM.md): the summary copies the names of the first sentence.
@@ -88,7 +95,7 @@ PLACES = {"init": ("kit::Seq2Seq model(", "the line that creates the model"),
           "final": ("evaluate(model, test,", "the final evaluation")}
 LABELS = {"include": "1", "setup": "1", "destroy": "1", "data": "2", "eval-data": "2",
           "ddp": "3", "all_reduce": "4", "print0": "4", "save0": "4", "zero2": "5",
-          "zero3": "5"}
+          "zero3": "5", "tp": "6"}
 
 
 def data_key():
@@ -277,6 +284,70 @@ def judge_sharded(v, check, data_ok, strategy):
     v.add(strategy, not problem, what, problem)
 
 
+def judge_split(v, check, data_ok):
+    """TODO 6 on the run with --strategy tp --tp TP on TP ranks: one model split over them."""
+    what = (f"--strategy tp: the layers split over the {TP} ranks (their activations all-reduced "
+            "over the tp group), which read the same batches; the solution's losses and scores")
+    mine, theirs = check.flag_runs.get("tp", (None, None))
+    if mine is None:
+        v.unreached("tp", what, "the runs before it did not finish")
+        return
+    ranks = mine.ranks
+    epochs = [train_epochs(mine, r) for r in range(ranks)]
+    # The examples each rank read first, as far as every rank got (a run whose tp ranks read
+    # batches of other lengths stops in the first all-reduce, whose sizes differ).
+    firsts = [[i for e in ep for i in e] for ep in epochs]
+    seen = min(map(len, firsts))
+    differ = ranks > 1 and seen > 0 and any(f[:seen] != firsts[0][:seen] for f in firsts[1:])
+    data_problem = (f"the {ranks} ranks of one split model read different training batches: each "
+                    "computes its slice of every layer, so they must read the same ones (the "
+                    "batches are shared out over the copies of the model, mesh.dp_rank())")
+    if not mine.finished():
+        why = (f"{data_problem}; the run stops: {mine.failure()}" if differ
+               else f"the run with --strategy tp fails: {mine.failure()}")
+        v.add("tp", False, what, why)
+        return
+    group = ",".join(str(r) for r in range(ranks))
+    # An activation all-reduced over the tp group: [batch, length, d_model] (the row layers' sums).
+    split = [[f for f in map(kv, mine.events(r, "coll")) if f.get("kind") == "all_reduce"
+              and f.get("group") == group and f.get("shape", "").count(",") == 2
+              and f.get("shape", "").endswith(f",{D_MODEL}]")] for r in range(ranks)]
+    problem = ""
+    if not all(split):
+        problem = ("no activation was all-reduced over the tp group: every rank computes the whole "
+                   "model (nothing is split)")
+    elif any(e != epochs[0] for e in epochs[1:]):
+        problem = data_problem
+    else:
+        for r in range(ranks):
+            a, b = step_losses(mine, r), step_losses(theirs, r)
+            if len(a) != len(b) or any(not math.isclose(x, y, rel_tol=STEP_TOL, abs_tol=0)
+                                       for x, y in zip(a, b)):
+                if not data_ok:  # other batches give other losses: TODO 2's ✘ says why
+                    v.unreached("tp", what, f"its losses follow TODO {v.todo('data')}'s "
+                                "batches, which fail above")
+                    return
+                k = next((i for i, (x, y) in enumerate(zip(a, b)) if not math.isclose(
+                    x, y, rel_tol=STEP_TOL, abs_tol=0)), min(len(a), len(b)))
+                problem = (f"rank {r}'s step {k + 1} loss is {a[k] if k < len(a) else 'missing'}, "
+                           f"the solution's {b[k] if k < len(b) else 'missing'} (the same flags "
+                           "with --strategy tp)")
+                break
+        if not problem:
+            ok, a, b = same_numbers(mine, theirs)
+            reports_ok = not any(t == v.todo("all_reduce") and ok_ is False
+                                 for t, ok_, _, _ in v.rows)
+            if not ok and not reports_ok:  # TODO 4's reports are wrong: its ✘ says why
+                v.unreached("tp", what, f"its printed numbers follow TODO "
+                            f"{v.todo('all_reduce')}'s reports, which fail above")
+                return
+            if not ok:
+                problem = (f"the printed losses and ROUGE scores {a[-4:]} differ from the "
+                           f"solution's {b[-4:]} with the same flags: evaluation and saving run "
+                           "on the whole model, which must hold the trained weights")
+    v.add("tp", not problem, what, problem)
+
+
 def step_losses(run, rank):
     return [float(kv(f)["loss"]) for f in run.events(rank, "step") if "loss" in kv(f)]
 
@@ -333,6 +404,14 @@ def judge(check):
         else:
             v.add(strategy, False, "needs setup()", "without it every process is rank 0 of 1",
                   cause="setup")
+    if joined and many.finished():
+        data_ok = not any(t == v.todo("data") and ok is False for t, ok, _, _ in v.rows)
+        judge_split(v, check, data_ok)
+    elif joined:
+        v.unreached("tp", "--strategy tp splits the model", "the run on several ranks did not get "
+                    "to its end")
+    else:
+        v.add("tp", False, "needs setup()", "without it every process is rank 0 of 1", cause="setup")
     ok, a, b = same_numbers(many, check.reference)
     differs = "" if ok else f"your numbers {a[-4:]} vs the solution's {b[-4:]}"
     if ok and four is not None:

@@ -12,9 +12,13 @@ DDP = ("    ddp.emplace(model);  // rank 0's weights everywhere, then averaged g
        "    };\n")
 # (id, kind, todo, what, [(old, new), ...], also)
 MUTANTS = [
-    ("no-distributed-include", "compile", "1", "kit/runtime/distributed.h not included",
+    # kit/parallel/mesh.h (TODO 6's) includes kit/runtime/distributed.h: both left out.
+    ("no-distributed-include", "compile", "1", "kit/runtime/distributed.h not included (nor "
+     "kit/parallel/mesh.h, which includes it)",
      [('#include "kit/runtime/distributed.h"      // setup(), all_reduce(), print0(), save0(), '
-       'destroy_process_group()\n', "")], []),
+       'destroy_process_group()\n', ""),
+      ('#include "kit/parallel/mesh.h"            // Mesh: the tp and dp groups (TODO 6)\n', "")],
+     []),
     ("cuda-rank", "run", "1", "the device numbered by the global rank (cuda:rank; on this "
      "CPU-only machine cpu:rank) instead of setup()'s",
      [("const torch::Device device = me.device;",
@@ -42,7 +46,7 @@ MUTANTS = [
     ("ddp-bypassed", "stops", "3", "the wrapper made, but the training forward still calls "
      "model->forward: no backward is averaged; the kit stops the first",
      [(DDP, "    ddp.emplace(model);  // rank 0's weights everywhere, then averaged gradients\n")],
-     ["1", "2", "4", "5"]),
+     ["1", "2", "4", "5", "6"]),
     ("train-mean-own", "run", "4", "the training mean reported without averaging over the ranks",
      [("  kit::all_reduce(mean, kit::ReduceOp::AVG);  // every rank took the same number of steps\n",
        "")], []),
@@ -63,4 +67,11 @@ MUTANTS = [
      "evaluation runs the model's own methods on its emptied parameters",
      [("    whole_model = [&] { return std::make_shared<kit::FullyShardedModel::FullParams>"
        "(*sharded); };\n", "")], []),
+    ("tp-data-by-world-rank", "run", "6", "--strategy tp with the batches still shared out by "
+     "world rank: the two ranks of one split model compute on different documents",
+     [("    data_rank = mesh->dp_rank();  // one copy of the model, one share of the batches\n"
+       "    data_ranks = mesh->dp_size();\n", "")], []),
+    ("tp-evaluates-initial-weights", "run", "6", "--strategy tp without gathering the trained "
+     "slices: evaluation and saving use the whole model's initial weights",
+     [("      split->write_full(model);\n", "")], []),
 ]
