@@ -18,35 +18,18 @@
 
 #include "kit/ddp/ddp.h"                // DistributedDataParallel: the reference
 #include "kit/runtime/process_group.h"  // local_groups
-#include "kit/seq2seq/batches.h"        // pad_batch
 #include "kit/seq2seq/model.h"          // Seq2Seq, seq2seq_loss
 #include "kit/sharding/zero3.h"         // FullyShardedModel
+#include "seq2seq_runs.h"               // kit_bench::seq2seq_options, seq2seq_batch
 #include "zero_runs.h"                  // kit_bench::on_every_rank, adamw
 
 namespace {
 
 kit::Seq2SeqOptions options(double dropout = 0.0) {
-  return {.vocab_size = 29, .d_model = 16, .heads = 2, .encoder_layers = 2, .decoder_layers = 2,
-          .feedforward = 24, .dropout = dropout, .max_len = 16, .pad_id = 0, .bos_id = 1,
-          .eos_id = 2, .seed = 5};
+  return kit_bench::seq2seq_options(2, dropout);
 }
-
-// A batch of `rows` rows of different lengths (so that padding is masked), drawn from `seed`.
-struct Batch {
-  torch::Tensor src, tgt_in, tgt_out;
-};
-Batch batch(uint64_t seed, int64_t rows) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  std::vector<torch::Tensor> src, in, out;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t s = 3 + (r * 5 + static_cast<int64_t>(seed)) % 9, t = 2 + (r * 3) % 5;
-    src.push_back(torch::randint(3, 29, {s}, gen, torch::kLong));
-    auto summary = torch::randint(3, 29, {t}, gen, torch::kLong);
-    in.push_back(torch::cat({torch::ones({1}, torch::kLong), summary}));
-    out.push_back(torch::cat({summary, torch::full({1}, 2, torch::kLong)}));
-  }
-  return {kit::pad_batch(src, 0), kit::pad_batch(in, 0), kit::pad_batch(out, 0)};
-}
+using Batch = kit_bench::Seq2SeqBatch;
+Batch batch(uint64_t seed, int64_t rows) { return kit_bench::seq2seq_batch(seed, rows); }
 
 // The units run one after the other, unsharded: what FullyShardedModel's forward computes.
 torch::Tensor run_units(kit::Seq2Seq& model, const torch::Tensor& x) {

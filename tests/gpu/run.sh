@@ -314,6 +314,12 @@ else
     sed -n 's/^final test loss \([0-9.]*\), ROUGE-1 \([0-9.]*\), ROUGE-2 \([0-9.]*\), ROUGE-L \([0-9.]*\)$/\1 \2 \3 \4/p' \
         "$RESULTS/ex07-$name.log" | head -n 1
   }
+  ex07_close() {  # A B: two runs' four numbers, each pair within 1e-3 relative (+ 1e-5)
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " ");
+        for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
+        exit 0 }'
+  }
   {
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ), GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
     shapes=("1")
@@ -322,10 +328,7 @@ else
       ddp=$(ex07_numbers "ddp$ranks" "$ranks" --strategy ddp)
       for strategy in zero2 zero3; do
         zero=$(ex07_numbers "$strategy-$ranks" "$ranks" --strategy "$strategy")
-        if [ -n "$ddp" ] && [ -n "$zero" ] && awk -v a="$ddp" -v b="$zero" 'BEGIN {
-            n = split(a, x, " "); split(b, y, " ");
-            for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
-            exit 0 }'; then
+        if [ -n "$ddp" ] && [ -n "$zero" ] && ex07_close "$ddp" "$zero"; then
           echo "$ranks GPU(s): ddp (test loss, ROUGE-1, -2, -L) $ddp; $strategy $zero: equal within 1e-3"
         else
           echo "$ranks GPU(s): ddp ${ddp:-none (see ex07-ddp$ranks.log)}, $strategy ${zero:-none (see ex07-$strategy-$ranks.log)}: FAILED"
@@ -336,10 +339,7 @@ else
     if [ "$gpus" -ge 2 ]; then
       ddp=$(ex07_numbers "ddp1" 1 --strategy ddp)
       tp=$(ex07_numbers "tp-2" 2 --strategy tp --tp 2)
-      if [ -n "$ddp" ] && [ -n "$tp" ] && awk -v a="$ddp" -v b="$tp" 'BEGIN {
-          n = split(a, x, " "); split(b, y, " ");
-          for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3 * (x[i] < 0 ? -x[i] : x[i]) + 1e-5) exit 1 }
-          exit 0 }'; then
+      if [ -n "$ddp" ] && [ -n "$tp" ] && ex07_close "$ddp" "$tp"; then
         echo "2 GPU(s): tp 2 $tp; ddp on 1 GPU $ddp: equal within 1e-3"
       else
         echo "2 GPU(s): tp 2 ${tp:-none (see ex07-tp-2.log)}, ddp on 1 ${ddp:-none (see ex07-ddp1.log)}: FAILED"

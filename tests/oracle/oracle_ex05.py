@@ -69,6 +69,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle_ex01 as ex01  # noqa: E402 (the data, the model and the run's files, read as there)
 from verdict import expect, finish  # noqa: E402 (tests/support, on the path oracle_ex01 set)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_runs import clean_env  # noqa: E402 (tests/oracle)
 
 # Small and quick, dropout off (a random mask could not be replayed); 4 blocks for pp 4 and for
 # 2 x 2 chunks. The sequence length is oracle_ex01's (its windows read it).
@@ -178,14 +180,6 @@ def run_pytorch(work, pp):
 
 
 # --- The kit's runs
-
-def clean_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "KIT_TRACE_DIR", "KIT_TRACE_WEIGHTS"):
-        env.pop(var, None)
-    return env
-
 
 def run(cmd, env):
     """Runs a kit program (in a session of its own, so that a hang is killed with its ranks)."""

@@ -36,7 +36,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import torch
@@ -44,6 +43,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from verdict import expect, finish  # noqa: E402 (tests/support)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_runs import clean_env, collectives, run  # noqa: E402 (tests/oracle)
 
 MODEL = dict(d_model=32, heads=4, layers=2, feedforward=64, vocab=97, seq=16)
 BATCH, STEPS, SEED, LR = 4, 4, 5, 1e-3
@@ -162,30 +163,6 @@ def worker(work):
         torch.save({"losses": torch.stack(losses), "grads": grads}, os.path.join(work, "torch.pt"))
     dist.destroy_process_group()
     return 0
-
-
-def clean_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "KIT_TRACE_DIR"):
-        env.pop(var, None)
-    return env
-
-
-def run(cmd, env):
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd[:4])} ... failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
-
-
-def collectives(trace_file):
-    """The trace's collective lines as dicts (kit/check/observe.cpp: 'coll seq=.. kind=.. ...')."""
-    out = []
-    with open(trace_file) as f:
-        for line in f:
-            if line.startswith("coll "):
-                out.append(dict(field.split("=", 1) for field in line.split()[1:]))
-    return out
 
 
 def main():

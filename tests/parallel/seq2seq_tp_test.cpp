@@ -21,35 +21,18 @@
 #include "kit/parallel/mesh.h"          // Mesh
 #include "kit/parallel/random.h"        // RandomStreams
 #include "kit/runtime/process_group.h"  // local_groups
-#include "kit/seq2seq/batches.h"        // pad_batch
 #include "kit/seq2seq/parallel.h"       // ParallelSeq2Seq
 #include "kit/train/clip.h"              // clip_grad_norm_: the reference's clipping
+#include "seq2seq_runs.h"                // kit_bench::seq2seq_options, seq2seq_batch
 #include "tp_runs.h"                    // kit_bench::on_ranks
 
 namespace {
 
 kit::Seq2SeqOptions options(double dropout = 0.0) {
-  return {.vocab_size = 29, .d_model = 16, .heads = 4, .encoder_layers = 2, .decoder_layers = 2,
-          .feedforward = 24, .dropout = dropout, .max_len = 16, .pad_id = 0, .bos_id = 1,
-          .eos_id = 2, .seed = 5};
+  return kit_bench::seq2seq_options(4, dropout);
 }
-
-struct Batch {
-  torch::Tensor src, tgt_in, tgt_out;
-};
-// `rows` rows of different lengths (padding in both inputs), drawn from `seed`.
-Batch batch(uint64_t seed, int64_t rows) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  std::vector<torch::Tensor> src, in, out;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t s = 3 + (r * 5 + static_cast<int64_t>(seed)) % 9, t = 2 + (r * 3) % 5;
-    src.push_back(torch::randint(3, 29, {s}, gen, torch::kLong));
-    auto summary = torch::randint(3, 29, {t}, gen, torch::kLong);
-    in.push_back(torch::cat({torch::ones({1}, torch::kLong), summary}));
-    out.push_back(torch::cat({summary, torch::full({1}, 2, torch::kLong)}));
-  }
-  return {kit::pad_batch(src, 0), kit::pad_batch(in, 0), kit::pad_batch(out, 0)};
-}
+using Batch = kit_bench::Seq2SeqBatch;
+Batch batch(uint64_t seed, int64_t rows) { return kit_bench::seq2seq_batch(seed, rows); }
 
 // Largest |a - b| over the largest |b|.
 double relative(const torch::Tensor& a, const torch::Tensor& b) {
@@ -214,10 +197,12 @@ TEST(ParallelSeq2Seq, WhatItCannotSplitIsOneLineNamingTheCaller) {
     f.feedforward = 21;
     return refusal(2, {.tp = 2}, f);
   }();
-  EXPECT_EQ(feedforward.rfind("ParallelSeq2Seq: feedforward 21 does not split over tp = 2 (", 0), 0u)
+  EXPECT_EQ(feedforward.rfind("ParallelSeq2Seq: feedforward 21 does not split over tp = 2 (", 0),
+            0u)
       << feedforward;
   const std::string cp = refusal(2, {.tp = 1, .cp = 2}, options());
-  EXPECT_EQ(cp.rfind("ParallelSeq2Seq: splits the model over tp only, not over cp (2)", 0), 0u) << cp;
+  EXPECT_EQ(cp.rfind("ParallelSeq2Seq: splits the model over tp only, not over cp (2)", 0), 0u)
+      << cp;
 }
 
 }  // namespace

@@ -42,7 +42,8 @@ Seq2SeqAttentionImpl::Seq2SeqAttentionImpl(const torch::nn::MultiheadAttention& 
     : streams_(streams), dropout_(full->options.dropout()), cross_(cross) {
   const int64_t d = full->options.embed_dim(), heads = full->options.num_heads();
   refuse_split(heads % tp.size() == 0,
-                std::to_string(heads) + " heads do not split over tp = " + std::to_string(tp.size()),
+                std::to_string(heads) + " heads do not split over tp = " +
+                    std::to_string(tp.size()),
                 site);
   heads_ = heads / tp.size();
   const auto& w = full->in_proj_weight;
@@ -89,7 +90,8 @@ torch::Tensor Seq2SeqAttentionImpl::forward(const torch::Tensor& x, const torch:
   // This rank's heads: a parallel region (random.h); whole heads on a group of one: replicated.
   auto& stream = out->group().size() > 1 ? streams_.parallel() : streams_.replicated();
   auto weights = dropout(F::softmax(scores, /*dim=*/-1), dropout_, is_training(), stream);
-  auto mixed = torch::matmul(weights, per_head(vs, keys)).transpose(1, 2).reshape({batch, len, local});
+  auto mixed =
+      torch::matmul(weights, per_head(vs, keys)).transpose(1, 2).reshape({batch, len, local});
   return out->forward(mixed);
 }
 
@@ -124,10 +126,9 @@ struct ParallelSeq2SeqImpl::Layer : torch::nn::Module {
     if (cross_full)
       cross_attn =
           register_module("cross_attn", Seq2SeqAttention(cross_full, true, tp, streams, site));
-    mlp = register_module(
-        "mlp", ParallelMLP(ColumnRow{ColumnParallelLinear(linear1, tp, ColumnParallelOptions{}, site),
-                                     RowParallelLinear(linear2, tp, RowParallelOptions{}, site)},
-                           streams, p));
+    ColumnRow split{ColumnParallelLinear(linear1, tp, ColumnParallelOptions{}, site),
+                    RowParallelLinear(linear2, tp, RowParallelOptions{}, site)};
+    mlp = register_module("mlp", ParallelMLP(std::move(split), streams, p));
     for (size_t i = 0; i < full_norms.size(); ++i)
       norms.push_back(register_module("norm" + std::to_string(i + 1), own_norm(full_norms[i])));
   }
@@ -184,14 +185,17 @@ ParallelSeq2SeqImpl::ParallelSeq2SeqImpl(Seq2Seq& full, const Mesh& mesh, Random
                                 std::vector{l->norm1, l->norm2, l->norm3}, options_.dropout, tp_,
                                 streams, site)));
   }
-  encoder_norm_ = register_module("encoder_norm", own_norm(encoder.norm.get<torch::nn::LayerNorm>()));
-  decoder_norm_ = register_module("decoder_norm", own_norm(decoder.norm.get<torch::nn::LayerNorm>()));
+  encoder_norm_ =
+      register_module("encoder_norm", own_norm(encoder.norm.get<torch::nn::LayerNorm>()));
+  decoder_norm_ =
+      register_module("decoder_norm", own_norm(decoder.norm.get<torch::nn::LayerNorm>()));
   for (auto* stack : {&encoder_, &decoder_})
     for (auto& layer : *stack) {
       for (auto* attn : {&layer->self_attn, &layer->cross_attn}) {
         if (attn->is_empty()) continue;
         for (auto* column : {&(*attn)->qkv, &(*attn)->q, &(*attn)->kv})
-          if (!column->is_empty()) split_.insert(split_.end(), {(*column)->weight, (*column)->bias});
+          if (!column->is_empty())
+            split_.insert(split_.end(), {(*column)->weight, (*column)->bias});
         split_.push_back((*attn)->out->weight);
       }
       split_.insert(split_.end(), {layer->mlp->linear1->weight, layer->mlp->linear1->bias,
@@ -241,7 +245,8 @@ torch::Tensor ParallelSeq2SeqImpl::forward(const torch::Tensor& src, const torch
   const char* call = "ParallelSeq2Seq::forward";
   for (auto [ids, what] : {std::pair{&src, "src"}, {&tgt_in, "tgt_in"}}) {
     if (!ids->defined() || ids->dim() != 2 || ids->scalar_type() != torch::kLong)
-      throw std::invalid_argument(std::string(call) + ": " + what + " must be int64 [batch, length]");
+      throw std::invalid_argument(std::string(call) + ": " + what +
+                                  " must be int64 [batch, length]");
     if (ids->size(1) < 1 || ids->size(1) > options_.max_len)
       throw std::invalid_argument(std::string(call) + ": " + what + " has length " +
                                   std::to_string(ids->size(1)) + ", outside [1, max_len = " +

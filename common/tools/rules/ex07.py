@@ -266,22 +266,28 @@ def judge_sharded(v, check, data_ok, strategy):
         else:
             # Every step's loss on every rank (the trace's, before any report is reduced: what
             # TODO 4 does to the printed numbers is judged on its own).
-            for r in range(ranks):
-                a, b = step_losses(mine, r), step_losses(theirs, r)
-                if len(a) != len(b) or any(not math.isclose(x, y, rel_tol=STEP_TOL, abs_tol=0)
-                                           for x, y in zip(a, b)):
-                    if not data_ok:  # other batches give other losses: TODO 2's ✘ says why
-                        v.unreached(strategy, what, f"its losses follow TODO {v.todo('data')}'s "
-                                    "batches, which fail above")
-                        return
-                    k = next((i for i, (x, y) in enumerate(zip(a, b)) if not math.isclose(
-                        x, y, rel_tol=STEP_TOL, abs_tol=0)), min(len(a), len(b)))
-                    problem = (f"rank {r}'s step {k + 1} loss is "
-                               f"{a[k] if k < len(a) else 'missing'}, the solution's "
-                               f"{b[k] if k < len(b) else 'missing'} (the same flags with "
-                               f"--strategy {strategy})")
-                    break
+            problem = step_problem(mine, theirs, strategy)
+            if problem and not data_ok:  # other batches give other losses: TODO 2's ✘ says why
+                v.unreached(strategy, what, f"its losses follow TODO {v.todo('data')}'s "
+                            "batches, which fail above")
+                return
     v.add(strategy, not problem, what, problem)
+
+
+def step_problem(mine, theirs, strategy):
+    """The first step loss of `mine` on any rank that is not the solution's run's with the same
+    flags, in words; "" when every one is."""
+    for r in range(mine.ranks):
+        a, b = step_losses(mine, r), step_losses(theirs, r)
+        k = next((i for i, (x, y) in enumerate(zip(a, b))
+                  if not math.isclose(x, y, rel_tol=STEP_TOL, abs_tol=0)), None)
+        if k is None and len(a) == len(b):
+            continue
+        k = min(len(a), len(b)) if k is None else k
+        return (f"rank {r}'s step {k + 1} loss is {a[k] if k < len(a) else 'missing'}, the "
+                f"solution's {b[k] if k < len(b) else 'missing'} (the same flags with "
+                f"--strategy {strategy})")
+    return ""
 
 
 def judge_split(v, check, data_ok):
@@ -319,20 +325,11 @@ def judge_split(v, check, data_ok):
     elif any(e != epochs[0] for e in epochs[1:]):
         problem = data_problem
     else:
-        for r in range(ranks):
-            a, b = step_losses(mine, r), step_losses(theirs, r)
-            if len(a) != len(b) or any(not math.isclose(x, y, rel_tol=STEP_TOL, abs_tol=0)
-                                       for x, y in zip(a, b)):
-                if not data_ok:  # other batches give other losses: TODO 2's ✘ says why
-                    v.unreached("tp", what, f"its losses follow TODO {v.todo('data')}'s "
-                                "batches, which fail above")
-                    return
-                k = next((i for i, (x, y) in enumerate(zip(a, b)) if not math.isclose(
-                    x, y, rel_tol=STEP_TOL, abs_tol=0)), min(len(a), len(b)))
-                problem = (f"rank {r}'s step {k + 1} loss is {a[k] if k < len(a) else 'missing'}, "
-                           f"the solution's {b[k] if k < len(b) else 'missing'} (the same flags "
-                           "with --strategy tp)")
-                break
+        problem = step_problem(mine, theirs, "tp")
+        if problem and not data_ok:  # other batches give other losses: TODO 2's ✘ says why
+            v.unreached("tp", what, f"its losses follow TODO {v.todo('data')}'s batches, which "
+                        "fail above")
+            return
         if not problem:
             ok, a, b = same_numbers(mine, theirs)
             reports_ok = not any(t == v.todo("all_reduce") and ok_ is False
