@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
   std::optional<torch::optim::AdamW> split_adamw;
   if (args.strategy == "tp") {
     // (kit::CallSite{} here: a refusal then names this line, not std::optional's)
-    mesh.emplace(kit::MeshOptions{.tp = static_cast<int>(args.tp)}, kit::GroupRef{}, kit::CallSite{});
+    mesh.emplace(kit::MeshOptions{.tp = static_cast<int>(args.tp)}, kit::GroupRef{},
+                 kit::CallSite{});
     streams.emplace(args.seed, *mesh, device);  // dropout: alike or apart over tp, as it must be
     split = kit::ParallelSeq2Seq(model, *mesh, *streams);  // this rank's slices of every layer
     split->to(device);
