@@ -6,8 +6,8 @@ the check needs the Python that `./kit data xsum prepare` finds (sentencepiece, 
 
 The engine runs the build alone, on 2 ranks, with one rank per node, with --strategy zero2,
 zero3 and tp (--tp 2) on 2 ranks (FLAG_RUNS) and under the device check; this file adds a run
-on 4 ranks (RANKS4), where 4 does not divide the training batches and one rank gets no evaluation batch.
-The solution runs with the same flags. A TODO passes when:
+on 4 ranks (RANKS4), where 4 does not divide the training batches and one rank gets no
+evaluation batch. The solution runs with the same flags. A TODO passes when:
   1  every rank joins with kit::setup() on its own device (exercise 01's judge), and the process
      group is closed at the end;
   2  in every epoch the ranks train on disjoint examples, take the same number of steps, and
