@@ -1,6 +1,7 @@
 // kit/seq2seq/parallel.cpp — the summariser's model split over tp (see parallel.h).
 #include "kit/seq2seq/parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -201,6 +202,10 @@ ParallelSeq2SeqImpl::ParallelSeq2SeqImpl(Seq2Seq& full, const Mesh& mesh, Random
       split_.insert(split_.end(), {layer->mlp->linear1->weight, layer->mlp->linear1->bias,
                                    layer->mlp->linear2->weight});
     }
+  // The rest, whole on every tp rank (once, here: the set of parameters does not change).
+  for (auto& p : parameters())
+    if (std::none_of(split_.begin(), split_.end(), [&](const auto& s) { return s.is_same(p); }))
+      whole_.push_back(p);
 }
 
 torch::Tensor ParallelSeq2SeqImpl::clip_grad_norm_(double max_norm) {
@@ -214,15 +219,8 @@ torch::Tensor ParallelSeq2SeqImpl::clip_grad_norm_(double max_norm) {
       }
     return sum;
   };
-  std::vector<torch::Tensor> whole, all;
-  for (auto& p : parameters()) {
-    all.push_back(p);
-    bool split = false;
-    for (const auto& s : split_) split = split || s.is_same(p);
-    if (!split) whole.push_back(p);
-  }
   auto split_sum = squares(split_);
-  auto whole_sum = squares(whole);
+  auto whole_sum = squares(whole_);
   if (!split_sum.defined() && !whole_sum.defined()) return torch::zeros({});
   if (!split_sum.defined()) split_sum = torch::zeros_like(whole_sum);
   if (!whole_sum.defined()) whole_sum = torch::zeros_like(split_sum);
@@ -230,8 +228,9 @@ torch::Tensor ParallelSeq2SeqImpl::clip_grad_norm_(double max_norm) {
   split_sum = reduce_from(split_sum, tp_, site_);
   auto norm = (split_sum + whole_sum).sqrt();
   auto factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  for (auto& p : all)
-    if (p.grad().defined()) p.grad().mul_(factor);
+  for (const auto* params : {&split_, &whole_})
+    for (const auto& p : *params)
+      if (p.grad().defined()) p.grad().mul_(factor);
   return norm;
 }
 

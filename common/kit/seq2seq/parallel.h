@@ -138,6 +138,7 @@ class ParallelSeq2SeqImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<Layer>> encoder_, decoder_;
   torch::nn::LayerNorm encoder_norm_{nullptr}, decoder_norm_{nullptr};
   std::vector<torch::Tensor> split_;  // split_parameters()
+  std::vector<torch::Tensor> whole_;  // every other parameter (the replicated ones)
   int64_t training_forwards_ = 0;
 };
 // The holder, with the calling line filled in at the trainer's (KIT_MODULE_HOLDER, layers.h).
