@@ -12,6 +12,7 @@
 
 #include "kit/models/transformer_lm.h"  // TransformerLMOptions: what lm_options() fills in
 #include "kit/runtime/process.h"        // prepare_process()
+#include "kit/train/default_dirs.h"     // the build's corpus, when no folder is given
 
 namespace kit {
 
@@ -177,9 +178,7 @@ TrainArgs parse_args(int argc, char** argv) {
   argv = args.data();
   TrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
-#ifdef KIT_DEFAULT_DATA_DIR
-  else a.data_dir = KIT_DEFAULT_DATA_DIR;
-#endif
+  else if (const char* b = default_data_dir()) a.data_dir = b;
   auto to_int = [](const std::string& flag, const std::string& v, int64_t lo) {
     return flag_int(flag, v, lo);
   };

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kit/train/args.h"  // parse_flags(), flag_int(), flag_real(), flag_error()
+#include "kit/train/default_dirs.h"  // the build's image set, when no folder is given
 
 namespace kit {
 
@@ -55,9 +56,7 @@ ImageTrainArgs parse_image_args(int argc, char** argv) {
   argv = args.data();
   ImageTrainArgs a;
   if (const char* d = std::getenv("KIT_DATA_DIR"); d && *d) a.data_dir = d;
-#ifdef KIT_DEFAULT_IMAGE_DIR
-  else a.data_dir = KIT_DEFAULT_IMAGE_DIR;
-#endif
+  else if (const char* b = default_image_dir()) a.data_dir = b;
   auto whole = [](const char* flag, int64_t lo, int64_t& into) {
     return [flag, lo, &into](const std::string& v) { into = flag_int(flag, v, lo); };
   };
