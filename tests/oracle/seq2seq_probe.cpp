@@ -4,7 +4,6 @@
 // torch.load in Python).
 //
 //   seq2seq_probe OUT.pt
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,6 +12,7 @@
 
 #include "kit/seq2seq/batches.h"
 #include "kit/seq2seq/model.h"
+#include "probe_io.h"  // probe::write_tensors
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -69,11 +69,10 @@ int main(int argc, char** argv) {
   out.insert("logits", logits.detach());
   out.insert("loss", loss.detach());
   out.insert("greedy", greedy);
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(out));
-  std::ofstream f(argv[1], std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!f) {
-    std::cerr << "seq2seq_probe: cannot write " << argv[1] << "\n";
+  try {
+    probe::write_tensors(argv[1], out, "seq2seq_probe");
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
     return 1;
   }
   return 0;

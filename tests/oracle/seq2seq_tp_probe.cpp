@@ -15,11 +15,9 @@
 // file that made the model (the oracle counts the all-reduces there). Dropout is off: a mask
 // could not be replayed. Errors: one line, exit 1 (bad flags: exit 2).
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include "kit/parallel/mesh.h"
@@ -28,17 +26,7 @@
 #include "kit/seq2seq/batches.h"   // pad_batch
 #include "kit/seq2seq/parallel.h"  // ParallelSeq2Seq
 #include "kit/train/args.h"        // parse_flags
-
-namespace {
-
-void write(const std::string& path, const c10::Dict<std::string, torch::Tensor>& dict) {
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error("kit_seq2seq_tp_probe: cannot write " + path);
-}
-
-}  // namespace
+#include "probe_io.h"  // probe::write_tensors
 
 int main(int argc, char** argv) {
   std::string out;
@@ -66,7 +54,7 @@ int main(int argc, char** argv) {
     c10::Dict<std::string, torch::Tensor> w;
     for (auto& p : full->named_parameters()) w.insert(p.key(), p.value().detach());
     for (auto& b : full->named_buffers()) w.insert(b.key(), b.value().detach());
-    write(out + "/weights.pt", w);
+    probe::write_tensors(out + "/weights.pt", w, "kit_seq2seq_tp_probe");
   }
   c10::Dict<std::string, torch::Tensor> batches, mine;
   for (int64_t k = 0; k < steps; ++k) {
@@ -93,8 +81,9 @@ int main(int argc, char** argv) {
   }
   model->write_full(full);
   for (auto& p : full->named_parameters()) mine.insert("final/" + p.key(), p.value().detach());
-  if (me.rank == 0) write(out + "/batches.pt", batches);
-  write(out + "/rank" + std::to_string(me.rank) + ".pt", mine);
+  if (me.rank == 0) probe::write_tensors(out + "/batches.pt", batches, "kit_seq2seq_tp_probe");
+  probe::write_tensors(out + "/rank" + std::to_string(me.rank) + ".pt", mine,
+                       "kit_seq2seq_tp_probe");
   kit::destroy_process_group();
   return 0;
 }

@@ -17,11 +17,9 @@
 // file that made the model (the oracle counts Megatron's all-reduces there). Dropout is off: a
 // mask could not be replayed. Errors: one line, exit 1 (bad flags: exit 2).
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include "kit/ddp/ddp.h"
@@ -30,15 +28,9 @@
 #include "kit/parallel/parallel_lm.h"
 #include "kit/runtime/distributed.h"
 #include "kit/train/args.h"  // parse_flags
+#include "probe_io.h"  // probe::write_tensors
 
 namespace {
-
-void write(const std::string& path, const c10::Dict<std::string, torch::Tensor>& dict) {
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error("kit_tp_probe: cannot write " + path);
-}
 
 torch::Tensor text(const std::string& s) {
   return torch::tensor(std::vector<int64_t>(s.begin(), s.end()), torch::kLong).to(torch::kUInt8);
@@ -84,7 +76,7 @@ int main(int argc, char** argv) {
     c10::Dict<std::string, torch::Tensor> w;
     for (auto& p : full->named_parameters()) w.insert(p.key(), p.value().detach());
     for (auto& b : full->named_buffers()) w.insert(b.key(), b.value().detach());
-    write(out + "/weights.pt", w);
+    probe::write_tensors(out + "/weights.pt", w, "kit_tp_probe");
   }
   c10::Dict<std::string, torch::Tensor> batches, mine;
   auto names = full->named_parameters();
@@ -109,8 +101,8 @@ int main(int argc, char** argv) {
     adamw.zero_grad();
     mine.insert("loss" + std::to_string(k), loss.detach());
   }
-  if (me.rank == 0) write(out + "/batches.pt", batches);
-  write(out + "/rank" + std::to_string(me.rank) + ".pt", mine);
+  if (me.rank == 0) probe::write_tensors(out + "/batches.pt", batches, "kit_tp_probe");
+  probe::write_tensors(out + "/rank" + std::to_string(me.rank) + ".pt", mine, "kit_tp_probe");
   kit::destroy_process_group();
   return 0;
 }

@@ -88,21 +88,34 @@ Seq2SeqImpl::Seq2SeqImpl(const Seq2SeqOptions& o) : options_(o) {
   positions_ = register_buffer("positions", sinusoidal_positions(o.max_len, o.d_model));
 }
 
-void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const char* call) const {
+namespace {
+
+void check_seq2seq_ids(const torch::Tensor& ids, int64_t max_len, const char* what,
+                       const char* call) {
   if (!ids.defined() || ids.dim() != 2 || ids.scalar_type() != torch::kLong)
     fail(call, std::string(what) + " must be int64 [batch, length]");
-  if (ids.size(1) < 1 || ids.size(1) > options_.max_len)
+  if (ids.size(1) < 1 || ids.size(1) > max_len)
     fail(call, std::string(what) + " has length " + std::to_string(ids.size(1)) +
-                   ", outside [1, max_len = " + std::to_string(options_.max_len) + "]");
+                   ", outside [1, max_len = " + std::to_string(max_len) + "]");
 }
 
-void Seq2SeqImpl::check_pair(const torch::Tensor& src, const torch::Tensor& tgt_in,
-                             const char* call) const {
-  check_ids(src, "src", call);
-  check_ids(tgt_in, "tgt_in", call);
+}  // namespace
+
+void check_seq2seq_pair(const torch::Tensor& src, const torch::Tensor& tgt_in, int64_t max_len,
+                        const char* call) {
+  check_seq2seq_ids(src, max_len, "src", call);
+  check_seq2seq_ids(tgt_in, max_len, "tgt_in", call);
   if (src.size(0) != tgt_in.size(0))
     fail(call, "src has " + std::to_string(src.size(0)) + " rows and tgt_in " +
                    std::to_string(tgt_in.size(0)));
+}
+
+torch::Tensor seq2seq_causal_mask(int64_t len, torch::Device device) {
+  return torch::nn::TransformerImpl::generate_square_subsequent_mask(len).to(device);
+}
+
+void Seq2SeqImpl::check_ids(const torch::Tensor& ids, const char* what, const char* call) const {
+  check_seq2seq_ids(ids, options_.max_len, what, call);
 }
 
 void Seq2SeqImpl::check_weights(const char* call) const {
@@ -116,12 +129,6 @@ torch::Tensor Seq2SeqImpl::embed(const torch::Tensor& ids) {
   const int64_t len = ids.size(1);
   auto x = embed_(ids) * std::sqrt(static_cast<double>(options_.d_model));
   return dropout_(x + positions_.narrow(0, 0, len).unsqueeze(0)).transpose(0, 1);
-}
-
-// -inf above the diagonal: position t sees the targets up to t (float, as Python's
-// Transformer.generate_square_subsequent_mask).
-torch::Tensor Seq2SeqImpl::causal_mask(int64_t len, torch::Device device) {
-  return torch::nn::TransformerImpl::generate_square_subsequent_mask(len).to(device);
 }
 
 // The output projection is the embedding (model.h): [T, b, d] -> [b, T, vocab].
@@ -140,9 +147,9 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
                                   const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::decode";
   check_weights(call);
-  check_pair(src, tgt_in, call);
+  check_seq2seq_pair(src, tgt_in, options_.max_len, call);
   auto& decoder = *transformer_->decoder.ptr<torch::nn::TransformerDecoderImpl>();
-  auto causal = causal_mask(tgt_in.size(1), memory.device());
+  auto causal = seq2seq_causal_mask(tgt_in.size(1), memory.device());
   auto h = decoder.forward(embed(tgt_in), memory, causal, /*memory_mask=*/{},
                            /*tgt_key_padding_mask=*/tgt_in.eq(options_.pad_id),
                            /*memory_key_padding_mask=*/src.eq(options_.pad_id));
@@ -152,7 +159,7 @@ torch::Tensor Seq2SeqImpl::decode(const torch::Tensor& memory, const torch::Tens
 torch::Tensor Seq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::forward";
   check_weights(call);
-  check_pair(src, tgt_in, call);
+  check_seq2seq_pair(src, tgt_in, options_.max_len, call);
   // Each training forward's weights, for the checker (are the copies of all ranks the same?).
   if (is_training() && torch::GradMode::is_enabled())
     observe::training_forward(*this, ++training_forwards_);
@@ -208,7 +215,7 @@ std::vector<Seq2SeqUnit> Seq2SeqImpl::units() {
 torch::Tensor Seq2SeqImpl::forward_chain(const Chain& chain, const torch::Tensor& src,
                                          const torch::Tensor& tgt_in) {
   const char* call = "Seq2Seq::forward_chain";
-  check_pair(src, tgt_in, call);
+  check_seq2seq_pair(src, tgt_in, options_.max_len, call);
   if (is_training() && torch::GradMode::is_enabled())
     observe::training_forward(*this, ++training_forwards_);
   // The masks decode() makes, once for every unit.
@@ -216,7 +223,7 @@ torch::Tensor Seq2SeqImpl::forward_chain(const Chain& chain, const torch::Tensor
       .tgt_in = tgt_in,
       .src_pad = src.eq(options_.pad_id),
       .tgt_pad = tgt_in.eq(options_.pad_id),
-      .causal = causal_mask(tgt_in.size(1), src.device()),
+      .causal = seq2seq_causal_mask(tgt_in.size(1), src.device()),
       .src_len = src.size(1)};
   return chain(src);
 }

@@ -131,13 +131,10 @@ class Seq2SeqImpl : public torch::nn::Module {
 
  private:
   torch::Tensor embed(const torch::Tensor& ids);  // [batch, len] -> [len, batch, d_model]
-  // decode()'s pieces, which units() runs too: the decoder's causal mask, and the output
-  // projection [T, batch, d] -> [batch, T, vocab].
-  static torch::Tensor causal_mask(int64_t len, torch::Device device);
+  // decode()'s piece that units() runs too: the output projection [T, batch, d] ->
+  // [batch, T, vocab].
   torch::Tensor project(const torch::Tensor& h);
   void check_ids(const torch::Tensor& ids, const char* what, const char* call) const;
-  // Both as check_ids() wants them, with as many rows.
-  void check_pair(const torch::Tensor& src, const torch::Tensor& tgt_in, const char* call) const;
   // The weights are here (not emptied by ZeRO-3 between uses), or one line naming the call.
   void check_weights(const char* call) const;
 
@@ -155,6 +152,15 @@ class Seq2SeqImpl : public torch::nn::Module {
   std::shared_ptr<ChainBatch> chain_ = std::make_shared<ChainBatch>();
 };
 TORCH_MODULE(Seq2Seq);
+
+// A batch's ids as every Seq2Seq model takes them (Seq2Seq, ParallelSeq2Seq): src and tgt_in
+// int64 [batch, length], each length in [1, max_len], as many rows in both; else one line naming
+// the call (std::invalid_argument).
+void check_seq2seq_pair(const torch::Tensor& src, const torch::Tensor& tgt_in, int64_t max_len,
+                        const char* call);
+// The decoder's causal mask [len, len]: -inf above the diagonal, so that position t sees the
+// targets up to t (float, as Python's Transformer.generate_square_subsequent_mask).
+torch::Tensor seq2seq_causal_mask(int64_t len, torch::Device device);
 
 // Mean cross-entropy over the positions whose target is not pad_id (cross_entropy with
 // ignore_index = pad_id, PyTorch's mean over the counted positions). logits [b, T, v], targets

@@ -241,27 +241,14 @@ torch::Tensor ParallelSeq2SeqImpl::embed(const torch::Tensor& ids) {
 }
 
 torch::Tensor ParallelSeq2SeqImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
-  const char* call = "ParallelSeq2Seq::forward";
-  for (auto [ids, what] : {std::pair{&src, "src"}, {&tgt_in, "tgt_in"}}) {
-    if (!ids->defined() || ids->dim() != 2 || ids->scalar_type() != torch::kLong)
-      throw std::invalid_argument(std::string(call) + ": " + what +
-                                  " must be int64 [batch, length]");
-    if (ids->size(1) < 1 || ids->size(1) > options_.max_len)
-      throw std::invalid_argument(std::string(call) + ": " + what + " has length " +
-                                  std::to_string(ids->size(1)) + ", outside [1, max_len = " +
-                                  std::to_string(options_.max_len) + "]");
-  }
-  if (src.size(0) != tgt_in.size(0))
-    throw std::invalid_argument(std::string(call) + ": src has " + std::to_string(src.size(0)) +
-                                " rows and tgt_in " + std::to_string(tgt_in.size(0)));
+  check_seq2seq_pair(src, tgt_in, options_.max_len, "ParallelSeq2Seq::forward");
   if (is_training() && torch::GradMode::is_enabled())
     observe::training_forward(*this, ++training_forwards_);
   const auto src_pad = src.eq(options_.pad_id), tgt_pad = tgt_in.eq(options_.pad_id);
   auto memory = embed(src);
   for (auto& layer : encoder_) memory = layer->forward(memory, {}, {}, src_pad, {});
   memory = encoder_norm_->forward(memory);
-  const auto causal =
-      torch::nn::TransformerImpl::generate_square_subsequent_mask(tgt_in.size(1)).to(src.device());
+  const auto causal = seq2seq_causal_mask(tgt_in.size(1), src.device());
   auto h = embed(tgt_in);
   for (auto& layer : decoder_) h = layer->forward(h, memory, causal, tgt_pad, src_pad);
   // The output projection is the embedding (model.h), whole on every rank.
