@@ -13,6 +13,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -194,7 +196,7 @@ std::string epoch_eta(int64_t done, int64_t of, double per_step) {
 Metrics::Metrics(const std::string& out_dir, int64_t batch_size, torch::Device device,
                  int64_t first_step, double progress_every_s, Clock clock)
     : batch_size_(batch_size), steps_(first_step), steps_at_last_line_(first_step),
-      ranks_(get_world_size()), device_(device), every_s_(progress_every_s),
+      ranks_(get_world_size()), batches_(ranks_), device_(device), every_s_(progress_every_s),
       clock_(clock ? std::move(clock) : Clock([] { return std::chrono::steady_clock::now(); })) {
   start_ = last_line_ = last_write_ = epoch_first_ = epoch_last_ = clock_();
   // An instructor watching a demo, or a test that wants every progress line, can ask for more.
@@ -250,6 +252,14 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epo
   if (line || steps_ % Checkpoints::kStopPollSteps == 0) write_rows(line);
 }
 
+void Metrics::share_batches(int ranks_per_batch) {
+  if (ranks_per_batch < 1 || ranks_ % ranks_per_batch != 0)
+    throw std::invalid_argument("Metrics::share_batches: " + std::to_string(ranks_per_batch) +
+                                " ranks a batch must divide the world size " +
+                                std::to_string(ranks_));
+  batches_ = ranks_ / ranks_per_batch;
+}
+
 void Metrics::write_rows(bool progress_line) {
   if (csv_ == nullptr || rows_.empty()) return;
   // One read for all of them: the host waits here until the device has done these steps.
@@ -265,7 +275,7 @@ void Metrics::write_rows(bool progress_line) {
   const double per_step =
       timed_ > 0 ? std::chrono::duration<double>(now - timed_from_).count() / static_cast<double>(timed_)
                  : std::chrono::duration<double>(now - last_write_).count() / static_cast<double>(n);
-  const double rate = per_step > 0 ? static_cast<double>(batch_size_ * ranks) / per_step : 0.0;
+  const double rate = per_step > 0 ? static_cast<double>(batch_size_ * batches_) / per_step : 0.0;
   for (int64_t k = 0; k < n; ++k) {
     const Row& r = rows_[static_cast<size_t>(k)];
     // %.9g: a float32 loss exactly, so two runs can be compared bit for bit from their CSVs.
@@ -278,7 +288,9 @@ void Metrics::write_rows(bool progress_line) {
     const Row& last = rows_.back();
     const double since = std::chrono::duration<double>(now - last_line_).count();
     const double avg_rate =
-        since > 0 ? static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * ranks) / since : 0.0;
+        since > 0
+            ? static_cast<double>((steps_ - steps_at_last_line_) * batch_size_ * batches_) / since
+            : 0.0;
     std::printf("  epoch %ld, step %ld: loss %.4f, %.0f samples/s, %.0f s elapsed%s\n",
                 last.epoch + 1, last.step, value[n - 1], avg_rate,
                 std::chrono::duration<double>(now - start_).count(),
