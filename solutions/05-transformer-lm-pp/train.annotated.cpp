@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
       device, args.resume);
   kit::Metrics metrics(args.out_dir, args.batch_size, device, state.global_step);
   // Its samples/s count each batch once: the stages of one pipeline (TODO 1) share theirs.
-  metrics.share_batches(world_size / mesh.dp_size());
+  metrics.data_ranks(mesh.dp_size());
 
   while (state.epoch < args.epochs) {
     const int64_t epoch = state.epoch;

@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
 
   kit::Metrics metrics(args.out_dir, args.batch_size, device, 0);
   // Its samples/s count each batch once: the ranks of one split model (TODO 6) share theirs.
-  metrics.share_batches(world_size / data_ranks);
+  metrics.data_ranks(data_ranks);
   double best = std::numeric_limits<double>::infinity();
   for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
     const double train_loss = train_one_epoch(model, forward, update, train, args, epoch,

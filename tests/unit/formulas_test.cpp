@@ -176,7 +176,7 @@ TEST(MetricsRates, PerStepAndPerEpochSamplesPerSecondUnderAGivenClock) {
   auto clock = [&] { return at(times.at(std::min(next++, times.size() - 1))); };
   {
     kit::Metrics metrics(dir.path.string(), 8, torch::kCPU, 0, 1e9, clock);
-    metrics.share_batches(1);  // every rank its own batch, as by default: no rate changes
+    metrics.data_ranks(1);  // every rank its own batch, as by default: no rate changes
     for (int k = 0; k < 4; ++k) metrics.step(0, torch::tensor(2.5f - 0.5f * k));
     EXPECT_EQ(read_csv(dir.path / "metrics.csv").size(), 0u) << "no row before the batch is written";
     metrics.end_epoch(0);
@@ -197,22 +197,23 @@ TEST(MetricsRates, PerStepAndPerEpochSamplesPerSecondUnderAGivenClock) {
   EXPECT_EQ(rows[4].at("samples_per_s"), "12.0") << "3 steps x 8 samples over 2 s";
 }
 
-// share_batches(n): the ranks that train on one batch together (tensor or pipeline parallelism)
-// count it once. n must divide the world size: here, one process, only 1 does; 1 changes no rate
-// (the test above, with share_batches(1)); 0 and 2 are refused in one line naming the call.
-TEST(MetricsRates, SharedBatchesMustDivideTheWorld) {
+// data_ranks(n): only n ranks train on batches of their own (tensor or pipeline parallelism: the
+// ranks of one copy of the model share theirs), and each batch counts once. n must divide the
+// world size: here, one process, only 1 does; 1 changes no rate (the test above, with
+// data_ranks(1)); 0, 2 and -1 are refused in one line naming the call.
+TEST(MetricsRates, DataRanksMustDivideTheWorld) {
   TempDir dir("kit-metrics-share");
   kit::Metrics metrics(dir.path.string(), 8, torch::kCPU);
   for (int n : {0, 2, -1}) {
     try {
-      metrics.share_batches(n);
-      ADD_FAILURE() << n << " ranks a batch were taken";
+      metrics.data_ranks(n);
+      ADD_FAILURE() << n << " data-parallel ranks were taken";
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()), "Metrics::share_batches: " + std::to_string(n) +
-                                           " ranks a batch must divide the world size 1");
+      EXPECT_EQ(std::string(e.what()), "Metrics::data_ranks: " + std::to_string(n) +
+                                           " data-parallel ranks must divide the world size 1");
     }
   }
-  EXPECT_NO_THROW(metrics.share_batches(1));
+  EXPECT_NO_THROW(metrics.data_ranks(1));
 }
 
 // Rows are written at every tenth step (Checkpoints::kStopPollSteps: a signal's stop finds its

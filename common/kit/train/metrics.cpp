@@ -252,12 +252,12 @@ void Metrics::step(int64_t epoch, const torch::Tensor& loss, int64_t step_in_epo
   if (line || steps_ % Checkpoints::kStopPollSteps == 0) write_rows(line);
 }
 
-void Metrics::share_batches(int ranks_per_batch) {
-  if (ranks_per_batch < 1 || ranks_ % ranks_per_batch != 0)
-    throw std::invalid_argument("Metrics::share_batches: " + std::to_string(ranks_per_batch) +
-                                " ranks a batch must divide the world size " +
+void Metrics::data_ranks(int n) {
+  if (n < 1 || ranks_ % n != 0)
+    throw std::invalid_argument("Metrics::data_ranks: " + std::to_string(n) +
+                                " data-parallel ranks must divide the world size " +
                                 std::to_string(ranks_));
-  batches_ = ranks_ / ranks_per_batch;
+  batches_ = n;
 }
 
 void Metrics::write_rows(bool progress_line) {

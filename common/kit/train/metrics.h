@@ -5,13 +5,13 @@
 //   metrics.step(epoch, loss);     // after every optimizer step
 //   metrics.step(epoch, loss, step_in_epoch, steps_per_epoch);   // the same, with an ETA
 //   metrics.end_epoch(epoch);      // after an epoch's last training step (every rank: it gathers)
-//   metrics.share_batches(tp);     // once, where the ranks of one model read the same batches
+//   metrics.data_ranks(dp);        // once, where the ranks of one model read the same batches
 //
 // metrics.csv (written by rank 0) has two kinds of rows, told apart by the `rank` column:
 //   step,epoch,loss,samples_per_s,ranks,elapsed_s,rank,device,host,peak_mem_mib,gpu_busy_pct
 //   * one row per training step, `rank` empty: rank 0's loss of that step, the throughput of all
 //     ranks together (a batch that several ranks train on together counted once:
-//     share_batches()), and the host's clock when the step was done (elapsed_s); the last five
+//     data_ranks()), and the host's clock when the step was done (elapsed_s); the last five
 //     columns are empty;
 //   * at each epoch's end, one row per rank, `rank` = its number, `step` = the epoch's last step,
 //     `loss` empty: that rank's own samples/s over the epoch, its device and node, and its peak
@@ -80,12 +80,13 @@ class Metrics {
   // Collective when the process group is up: every rank must call it, at the same point. On a
   // GPU it waits for the device first (once per epoch), so that the epoch's time is the device's.
   void end_epoch(int64_t epoch);
-  // The ranks that train on each batch together (tensor or pipeline parallelism: the ranks of one
-  // copy of the model read the same batches): the step rows' and the progress lines' samples/s
-  // then count each batch once, batch_size x ranks / ranks_per_batch. 1, the default: every rank
-  // trains on a batch of its own. It must divide the world size (else std::invalid_argument). A
-  // rank's own row at an epoch's end stays the batches that rank went through, per second.
-  void share_batches(int ranks_per_batch);
+  // The ranks that train on batches of their own: the mesh's dp size where the ranks of one copy
+  // of the model read the same batches (tensor or pipeline parallelism). The step rows' and the
+  // progress lines' samples/s then count each batch once, batch_size x n. The default is the
+  // world size: every rank trains on a batch of its own. n must divide the world size (else
+  // std::invalid_argument). A rank's own row at an epoch's end stays the batches that rank went
+  // through, per second.
+  void data_ranks(int n);
   // Rank 0's time of a step (the scaling study's, exercise 02): lapped wherever a batch of rows is
   // written, after the read of their losses (device time); each epoch's first step starts the
   // clock afresh, so that neither an evaluation nor the first step's allocations count. On a GPU
@@ -101,7 +102,7 @@ class Metrics {
   std::FILE* csv_ = nullptr;
   int64_t batch_size_, steps_ = 0, steps_at_last_line_ = 0;
   int ranks_;  // the world size when made (the destructor may run after destroy_process_group())
-  int batches_;  // the batches of a step, all ranks together: ranks_ / share_batches()
+  int batches_;  // the batches of a step, all ranks together: data_ranks(), else ranks_
   torch::Device device_;
   double every_s_;
   Clock clock_;
