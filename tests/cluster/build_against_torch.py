@@ -13,9 +13,15 @@ nothing is run). The kit's CUDA-only code (compat.h's KIT_HAVE_NCCL branches) is
 against a full CUDA torch by `./kit cuda-build`, and run on a GPU by tests/gpu/run.sh.
 
 usage: build_against_torch.py --torch VERSION --work DIR [--wheel FILE] [--no-cap] [--jobs N]
+                              [--quick]
   --torch VERSION   e.g. 2.4.1: downloaded from the package index into DIR/wheels (kept there)
   --wheel FILE      a wheel already on disk instead
   --no-cap          ignore the pip configuration of this machine (its cap on torch versions)
+  --quick           kit_common, ddprun and every solution only, without optimisation (-O0): every
+                    torch API the kit and its trainers call, compiled and linked, in about half
+                    the CPU time (the exercises are the solutions less the TODOs' code, and the
+                    benchmarks and data tools call what kit_common does); CI runs this, and the
+                    whole build in its long run (tests/cluster/CMakeLists.txt)
 Prints one line per step and a last line "kit: LibTorch VERSION: ..." with what was built.
 Exit status 0 when everything compiled and linked, 1 when the build failed, 2 when the wheel
 could not be had.
@@ -122,6 +128,7 @@ def main():
     ap.add_argument("--wheel")
     ap.add_argument("--no-cap", action="store_true")
     ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 2, 4))
+    ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     wheel = a.wheel or fetch_wheel(a.torch, os.path.join(work, "wheels"), a.no_cap)
@@ -129,7 +136,7 @@ def main():
     torch_dir = unpack(wheel, os.path.join(work, f"torch-{a.torch}"))
     prefix = os.path.join(work, f"prefix-{a.torch}")
     version = stand_in_config(torch_dir, prefix)
-    build = os.path.join(work, f"build-{a.torch}")
+    build = os.path.join(work, f"build-{a.torch}" + ("-quick" if a.quick else ""))
     shutil.rmtree(build, ignore_errors=True)
     cfg = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
            f"-DCMAKE_PREFIX_PATH={prefix}", "-DKIT_BUILD_TESTS=OFF", "-DKIT_BUILD_STAGES=OFF",
@@ -137,6 +144,11 @@ def main():
            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs"]
     if shutil.which("clang++"):
         cfg.append("-DCMAKE_CXX_COMPILER=clang++")
+    exercises, solutions = targets()
+    build_cmd = ["cmake", "--build", build, "-j", str(a.jobs)]
+    if a.quick:  # the optimiser is a quarter of a trainer's compile and checks no API
+        cfg.append("-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG")
+        build_cmd += ["--target", "ddprun"] + solutions
     env = dict(os.environ)
     env.pop("CMAKE_PREFIX_PATH", None)
     env.pop("Torch_DIR", None)
@@ -145,21 +157,24 @@ def main():
     with open(log, "w") as out:
         rc = subprocess.run(cfg, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         if rc == 0:
-            say(f"compiling against torch {version} in {build} ({a.jobs} jobs; log: {log})")
-            rc = subprocess.run(["cmake", "--build", build, "-j", str(a.jobs)], stdout=out,
-                                stderr=subprocess.STDOUT, env=env).returncode
+            what = "kit_common, ddprun and the solutions, -O0" if a.quick else "everything"
+            say(f"compiling against torch {version} in {build} ({what}; {a.jobs} jobs; log: "
+                f"{log})")
+            rc = subprocess.run(build_cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env=env).returncode
     if rc != 0:
         with open(log) as f:
             errors = [line.rstrip() for line in f if "error" in line]
         print("\n".join(errors[:20]), file=sys.stderr)
         fail(f"the kit does not build against torch {version} (log: {log})", 1)
-    exercises, solutions = targets()
-    missing = [t for t in exercises + solutions + ["ddprun"]
-               if not os.path.isfile(os.path.join(build, "bin", t))]
+    wanted = ([] if a.quick else exercises) + solutions + ["ddprun"]
+    missing = [t for t in wanted if not os.path.isfile(os.path.join(build, "bin", t))]
     if missing:
         fail(f"built against torch {version}, but {', '.join(missing)} missing in {build}/bin", 1)
-    say(f"LibTorch {version}: the kit, {len(exercises)} exercises, {len(solutions)} solutions and "
-        f"ddprun compiled and linked in {time.time() - start:.0f} s (the CPU and Gloo path)")
+    what = (f"kit_common, {len(solutions)} solutions and ddprun compiled (-O0) and linked"
+            if a.quick else f"the kit, {len(exercises)} exercises, {len(solutions)} solutions and "
+            "ddprun compiled and linked")
+    say(f"LibTorch {version}: {what} in {time.time() - start:.0f} s (the CPU and Gloo path)")
     return 0
 
 
