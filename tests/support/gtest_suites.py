@@ -11,9 +11,9 @@ CTestTestfile.cmake includes.
 
 usage: gtest_suites.py --exe EXE --out FILE --prefix PREFIX --labels L[;L...] --timeout S
                        --workdir DIR [--leave-out FILTER]
-  --leave-out FILTER  gtest filter patterns (a:b) of the cases registered elsewhere (alone, one a
-                      CTest test: kit_discover_tests's SERIAL); a suite none of whose cases is
-                      left gets no test
+  --leave-out FILTER  gtest filter patterns (a:b) of the cases registered elsewhere, each a CTest
+                      test of its own (kit_discover_tests's SERIAL and ALONE); a suite none of
+                      whose cases is left gets no test
 """
 import argparse
 import fnmatch
