@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Registers a GoogleTest binary's cases with CTest one suite at a time (kit_discover_tests in
 tests/CMakeLists.txt): one CTest test per suite, named PREFIX<Suite>, which runs the suite's
-cases in one process with --gtest_filter. Why: each start of a test binary loads LibTorch
-(about 0.5 CPU-s before the first case), and one test per case started a binary about 200
-times more per run of the suite (tests/README.md, "Cut on 2026-11-29"). A failing case is named
-in the test's output, as gtest prints it.
+cases in one process with --gtest_filter. Why: each start of a test binary that loads LibTorch
+(most of them) costs about 0.5 CPU-s before the first case, and one test per case started a
+binary about 200 times more per run of the suite (tests/README.md, "Cut on 2026-11-29"). A
+failing case is named in the test's output, as gtest prints it.
 
 Run after the binary is built (a POST_BUILD step); writes a CTest script that the build folder's
 CTestTestfile.cmake includes.
