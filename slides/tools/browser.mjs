@@ -38,7 +38,7 @@ async function launch() {
   let stderr = "";
   proc.stderr.on("data", (d) => { stderr += d; });
   const portFile = path.join(profile, "DevToolsActivePort");
-  for (let i = 0; i < 300 && !fs.existsSync(portFile); i++) {
+  for (let i = 0; i < 600 && !fs.existsSync(portFile); i++) {
     if (proc.exitCode !== null) break;
     await sleep(100);
   }
@@ -127,10 +127,11 @@ async function openPage(browser) {
     });
     const r = await send("Page.navigate", { url });
     if (r.errorText) throw new Error(`cannot open ${url}: ${r.errorText}`);
-    await Promise.race([loaded, sleep(30000).then(() => { throw new Error(`timeout loading ${url}`); })]);
-    for (let i = 0; i < 300; i++) {
+    // 90 s each: slides.browser runs in ./kit test's lanes, beside another test on 2 cores.
+    await Promise.race([loaded, sleep(90000).then(() => { throw new Error(`timeout loading ${url}`); })]);
+    for (let i = 0; i < 900; i++) {
       if (await evaluate("typeof Reveal !== 'undefined' && Reveal.isReady()")) break;
-      if (i === 299) throw new Error(`reveal.js never became ready in ${url}`);
+      if (i === 899) throw new Error(`reveal.js never became ready in ${url}`);
       await sleep(100);
     }
     await evaluate("document.fonts.ready.then(() => true)");

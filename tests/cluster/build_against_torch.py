@@ -13,7 +13,7 @@ nothing is run). The kit's CUDA-only code (compat.h's KIT_HAVE_NCCL branches) is
 against a full CUDA torch by `./kit cuda-build`, and run on a GPU by tests/gpu/run.sh.
 
 usage: build_against_torch.py --torch VERSION --work DIR [--wheel FILE] [--no-cap] [--jobs N]
-                              [--quick]
+                              [--quick | --fetch-only]
   --torch VERSION   e.g. 2.4.1: downloaded from the package index into DIR/wheels (kept there)
   --wheel FILE      a wheel already on disk instead
   --no-cap          ignore the pip configuration of this machine (its cap on torch versions)
@@ -22,6 +22,9 @@ usage: build_against_torch.py --torch VERSION --work DIR [--wheel FILE] [--no-ca
                     the CPU time (the exercises are the solutions less the TODOs' code, and the
                     benchmarks and data tools call what kit_common does); CI runs this, and the
                     whole build in its long run (tests/cluster/CMakeLists.txt)
+  --fetch-only      download and unpack the wheel into DIR, build nothing: ./kit test does this
+                    while the kit builds, so that cluster.torch_oldest's lane does not wait for
+                    the package index (140 of its 246 s in a CI run of 2026-11-29)
 Prints one line per step and a last line "kit: LibTorch VERSION: ..." with what was built.
 Exit status 0 when everything compiled and linked, 1 when the build failed, 2 when the wheel
 could not be had.
@@ -129,11 +132,15 @@ def main():
     ap.add_argument("--no-cap", action="store_true")
     ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 2, 4))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--fetch-only", action="store_true")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     wheel = a.wheel or fetch_wheel(a.torch, os.path.join(work, "wheels"), a.no_cap)
     start = time.time()
     torch_dir = unpack(wheel, os.path.join(work, f"torch-{a.torch}"))
+    if a.fetch_only:
+        say(f"torch {a.torch}: the wheel and its unpacked headers and libraries are in {work}")
+        return 0
     prefix = os.path.join(work, f"prefix-{a.torch}")
     version = stand_in_config(torch_dir, prefix)
     build = os.path.join(work, f"build-{a.torch}" + ("-quick" if a.quick else ""))

@@ -19,8 +19,8 @@ What it does, as root (it needs root to set the scene; exit 77, a skip, otherwis
      its runs need (the exercise, the solution, info.toml's [check] tools and preload): nothing
      else is built before it, so a target the check forgets is a failure here (issue 40:
      exercise 03's stopped runs preload lib/libkit_test_hooks.so). ON_THE_LOGIN_NODE holds one
-     exercise for each kind of thing a check needs (a data tool, a preloaded library, one
-     process, data prepared in Python); the test fails when an exercise's [check] needs a kind
+     exercise for each kind of thing a check builds or prepares (a data tool, a preloaded
+     library, data prepared in Python); the test fails when an exercise's [check] needs a kind
      that none of them needs;
   4. then, not a participant's step, what `./kit cuda-build` checks, in that same build folder
      (so that CI compiles kit_common against the CUDA torch once, not twice): the GPU tests and
@@ -178,27 +178,27 @@ def cuda_build(as_user, site):
 
 AS_SHIPPED = "01"  # the exercise also checked as shipped: the README's first
 
-# The exercises checked finished on the login node, one for each kind of thing a check needs
-# there (check_kinds). The others' checks need nothing of another kind (00: nothing; 01, 04 and
-# 05: 01's corpus tool, which exercise 01's check as shipped builds too; 02: a data tool, as 03's
-# and 06's; 04: 03's preload), and student.NN-solution runs them in the main build.
+# The exercises checked finished on the login node, one for each kind of thing a check builds or
+# prepares there (check_kinds). The others' checks need nothing of another kind (00: nothing; 01,
+# 04 and 05: 01's corpus tool, which exercise 01's check as shipped builds too; 02 and 06: a data
+# tool, as 03's; 04: 03's preload), and student.NN-solution runs them in the main build. Until
+# 2026-11-29 exercise 06 was checked here too, for its trainer run as one process (no ddprun):
+# a way of running, not a thing to build, which student.ex06-solution runs (45 s of a CI lane).
 ON_THE_LOGIN_NODE = {
     "03": "a data tool (make_corpus), a preloaded library (kit_test_hooks) for its stopped runs",
-    "06": "a data tool that writes HDF5 (make_weather), one process",
     "07": "data prepared in Python by ./kit data xsum (the user's h5py and sentencepiece)",
 }
 
 
 def check_kinds(name):
-    """The kinds of thing an exercise's ./kit check needs besides the trainers and ddprun, from
-    its info.toml's [check]: a data tool it builds (tools), a library its runs preload (preload),
-    a trainer run as one process (one_process)."""
+    """The kinds of thing an exercise's ./kit check builds or prepares besides the trainers and
+    ddprun, from its info.toml's [check]: a data tool it builds (tools), a library its runs
+    preload (preload)."""
     info = json.loads(subprocess.run(
         [sys.executable, os.path.join(ROOT, "common", "tools", "stages.py"), "info", name],
         capture_output=True, text=True, check=True).stdout).get("check", {})
     return ({"a data tool"} if info.get("tools") else set()) | \
-        ({"a preloaded library"} if info.get("preload") else set()) | \
-        ({"one process"} if info.get("one_process") else set())
+        ({"a preloaded library"} if info.get("preload") else set())
 
 
 def exercises():

@@ -31,12 +31,25 @@ namespace {
 // another member was still making, whose one line would then be "Connection reset by peer"
 // instead of the refusal. PyTorch's init_process_group has this barrier too
 // (_store_based_barrier), off by default since 2023 (TORCH_DIST_INIT_BARRIER=1 turns it on)
-// because it costs at thousands of ranks; here it is two store calls a member.
+// because it costs at thousands of ranks.
+//
+// The barrier alone left one race (CI, badinput PipelineFlags/MoreStagesThanRanks, twice): world
+// rank 0 hosts the store, and when it was the last to arrive it left at once, refused the flag
+// and ended, while another member had its counter's answer but had not yet asked to wait for
+// "all_ready": that member's wait met a closed store. So the host leaves last: every other member
+// says it is past the barrier (add() waits for the store's answer, and the member asks nothing
+// more here), and the host waits until all of them have. Three store calls a member.
 void wait_for_every_member(const c10::intrusive_ptr<c10d::Store>& store, int size,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, bool hosts_store) {
   if (size <= 1) return;
   if (store->add("members_ready", 1) == size) store->set("all_ready", std::vector<uint8_t>{1});
   store->wait({"all_ready"}, timeout);
+  if (!hosts_store) {
+    // size - 1 of them when the host is a member; when it is not, nobody waits for "all_past".
+    if (store->add("members_past", 1) == size - 1) store->set("all_past", std::vector<uint8_t>{1});
+    return;
+  }
+  store->wait({"all_past"}, timeout);
 }
 
 std::string joined(const std::vector<int>& ranks) {
@@ -142,7 +155,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, Ca
     if (backend_ == "nccl") sub->backend = compat::make_nccl(sub->store, rank, size, sub->timeout);
 #endif
     if (backend_ == "gloo") sub->backend = compat::make_gloo(sub->store, rank, size, sub->timeout);
-    wait_for_every_member(sub->store, size, sub->timeout);
+    wait_for_every_member(sub->store, size, sub->timeout, impl_->world_rank == 0);
   } catch (const std::exception& e) {
     throw CommError(call + " could not make its " + backend_ + " group " + list + ": " +
                     first_line(e.what()));
@@ -231,7 +244,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::
 #endif
   if (backend == "gloo") impl->backend = compat::make_gloo(store, rank, size, timeout);
   if (!impl->backend) throw CommError("backend '" + backend + "' is not available in this LibTorch");
-  wait_for_every_member(store, size, timeout);
+  // Rank 0 hosts the world's TCPStore (runtime/distributed.cpp, rendezvous).
+  wait_for_every_member(store, size, timeout, rank == 0);
   return std::make_shared<ProcessGroup>(impl, rank, size, backend);
 }
 
