@@ -24,7 +24,7 @@ usage: build_against_torch.py --torch VERSION --work DIR [--wheel FILE] [--no-ca
                     whole build in its long run (tests/cluster/CMakeLists.txt)
   --fetch-only      download and unpack the wheel into DIR, build nothing: ./kit test does this
                     while the kit builds, so that cluster.torch_oldest's lane does not wait for
-                    the package index (140 of its 246 s in a CI run of 2026-11-29)
+                    the package index
 Prints one line per step and a last line "kit: LibTorch VERSION: ..." with what was built.
 Exit status 0 when everything compiled and linked, 1 when the build failed, 2 when the wheel
 could not be had.
