@@ -17,7 +17,9 @@ and how the verdicts are shown (checklib/verdicts.py), on runs made up here.
     fix first is the earliest that failed on its own evidence, not one whose ✘ follows from it;
   * exercise 05's activations held at once (the trace's live bytes): a rank that holds more than
     the solution's run of the same flags, beyond the tolerance, fails TODO 8 naming the rank and
-    both figures; as many bytes, or a trace without them, leaves the verdict alone.
+    both figures; as many bytes, or a trace without them, leaves the verdict alone;
+  * exercise 05's ranks that each timed out in a cycle of waits: the TODO of the rank furthest
+    behind, which waits for what a rank ahead of it passed by.
 
 usage: test_stops.py    (exit 1 on the first failure, with what was expected)
 """
@@ -319,7 +321,43 @@ def test_activations():
     expect(e.state["order"][0] == "ok", "a trace without live bytes leaves TODO 8's verdict alone")
 
 
+def test_waits_in_vain():
+    """Exercise 05's stop in a cycle of waits (a CI run of 2026-11-29): the last stage never sent
+    its input's gradient back (TODO 5) and went on to the loss's broadcast (TODO 4's line). Rank 0
+    waits in TODO 5's receive, the last stage in the broadcast, and on a loaded machine both can
+    time out before either hears of the other. The TODO is the receive's, of the rank furthest
+    behind (2 actions done against 4), whichever rank's line is listed first or is the earlier
+    TODO; ranks equally far name the earlier TODO."""
+    from types import SimpleNamespace
+    from rules import ex05
+    source = os.path.join(ROOT, "solutions", "05-transformer-lm-pp", "train.cpp")
+    text = open(source).read()
+    recv, bcast = line_of(text, "kit::recv(grad,"), line_of(text, "kit::broadcast(sum,")
+    check = SimpleNamespace(source=source, args=SimpleNamespace(exercise="05-transformer-lm-pp"),
+                            verdicts=Verdicts(ex05.LABELS))
+    timed_out = {0: f"recv #1 from rank 1 (train.cpp:{recv}) timed out after 12 s: rank 1 never "
+                    "posted the matching send",
+                 1: f"broadcast #1 (train.cpp:{bcast}) timed out after 12 s: the other ranks "
+                    "never joined it"}
+
+    def run(actions, by_log):
+        traces = {r: [("pp", f"kind={'F' if i < 2 else 'B'} stage={r} mb={i % 2} t0=0 t1=1")
+                      for i in range(n)] for r, n in enumerate(actions)}
+        logs = {r: f"rank {r}: error: rank {r} in group 0,1: {line}\n" for r, line in timed_out.items()}
+        return FakeRun(1, stderr="".join(logs[r] for r in (1, 0)), logs=logs if by_log else {},
+                       traces=traces)
+
+    for actions, todo in (([2, 4], ex05.LABELS["backward"]), ([2, 2], ex05.LABELS["loss"]),
+                          ([4, 2], ex05.LABELS["loss"])):
+        for by_log in (True, False):  # the rank logs, or only the launcher's lines
+            named, why = ex05.Judge(check).explain(run(actions, by_log))
+            expect(named == todo, f"ranks timed out in TODO 5's receive and TODO 4's broadcast "
+                   f"after {actions} actions ({'rank logs' if by_log else 'launcher only'}): "
+                   f"TODO {todo} is named (named: {named}; {why[:50]}...)")
+
+
 def main():
+    test_waits_in_vain()
     test_activations()
     test_crash()
     test_generated_data()

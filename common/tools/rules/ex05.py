@@ -314,6 +314,30 @@ class Judge(Placer):
                 pass
         return self._average
 
+    def waits_in_vain(self, run):
+        """((steps, actions), TODO) of each rank whose own wait timed out, with how far it got:
+        its training steps and its forwards and backwards since. The ranks of a cycle of waits
+        time out at about the same time, and which one gives up first is chance (a loaded
+        machine). The rank furthest behind waits for what a rank ahead of it passed by (a send
+        the stage after it never posted before it went on to the loss's broadcast; a collective
+        a rank left behind for its next step): its line is where the ranks parted. Among ranks
+        equally far, the earliest TODO (a forward's send missing: the next stage waits in TODO
+        3's receive, the stage before in TODO 5's, and neither did any action)."""
+        out = []
+        for r in range(run.ranks):
+            events = run.traces.get(r, [])
+            steps = [i for i, (k, _) in enumerate(events) if k == "step"]
+            since = events[steps[-1] + 1:] if steps else events
+            progress = (len(steps), sum(1 for k, _ in since if k == "pp"))
+            # Its log, and the launcher's lines of it (a layout whose logs are elsewhere).
+            said = run.logs.get(r, "") + "".join(
+                l for l in run.stderr.splitlines(True) if l.startswith(f"rank {r}: "))
+            for m in TIMED_OUT.finditer(said):
+                todo = self.todo_of(f"{m.group(1)}:{m.group(2)}")
+                if todo and todo.isdigit():
+                    out.append((progress, int(todo)))
+        return out
+
     def explain(self, run, s=None):
         s = s or self.placed(run)
         named, text = super().explain(run, s)
@@ -322,13 +346,10 @@ class Judge(Placer):
         # into. The pieces are TODO 7's.
         if PIECES in text:
             named = LABELS["micro"]
-        # Ranks that each waited in vain (a message or a collective that never came): the
-        # earliest TODO among their lines is where the ranks parted.
-        waited = [self.todo_of(f"{m.group(1)}:{m.group(2)}")
-                  for m in TIMED_OUT.finditer(run.stderr)]
-        waited = sorted((int(t) for t in waited if t and t.isdigit()))
+        # Ranks that each waited in vain (a message or a collective that never came).
+        waited = self.waits_in_vain(run)
         if waited:
-            named = str(waited[0])
+            named = str(min(waited)[1])
         # An undefined gradient to send back: the received input had no requires_grad_ (TODO 3).
         if named == LABELS["backward"] and re.search(r"undefined|not defined|was given no tensor",
                                                      run.stderr, re.I):
