@@ -109,12 +109,6 @@ void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock:
                           " t1=" + std::to_string(micros(end)) + live);
 }
 
-void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
-                   std::chrono::steady_clock::time_point end) {
-  trace::record("pp_step", "step=" + std::to_string(step) + " t0=" + std::to_string(micros(start)) +
-                               " t1=" + std::to_string(micros(end)));
-}
-
 std::string small_values(const torch::Tensor& t) {
   return t.numel() >= 1 && t.numel() <= 4 ? values(t) : "";
 }

@@ -51,8 +51,6 @@ void pipeline(const char* kind, int stage, int micro, std::chrono::steady_clock:
               std::chrono::steady_clock::time_point end, int64_t live_before);
 int64_t live_bytes();
 void count_live_bytes(int64_t (*source)());
-void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
-                   std::chrono::steady_clock::time_point end);
 void after_destroy(const char* what, const CallSite* site);
 void print0(const char* text);
 void save0(const std::string& path);
@@ -248,11 +246,6 @@ inline void pipeline(const char* kind, int stage, int micro, std::chrono::steady
 // kit. `kit check 05` switches it on in its runs with KIT_MEMORY_COUNT=1.
 inline int64_t live_bytes() { return on() ? detail::live_bytes() : -1; }
 inline void count_live_bytes(int64_t (*source)()) { detail::count_live_bytes(source); }
-// A training step of the pipeline: from its first action to its last (the timeline's frame).
-inline void pipeline_step(int64_t step, std::chrono::steady_clock::time_point start,
-                          std::chrono::steady_clock::time_point end) {
-  if (on()) detail::pipeline_step(step, start, end);
-}
 
 // --- models (kit/models/): every kit model makes these calls, so that the checker judges any
 // exercise's model alike (what each records: kit/check/model_trace.h) ----------------------------
