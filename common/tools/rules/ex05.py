@@ -329,8 +329,8 @@ class Judge(Placer):
             steps = [i for i, (k, _) in enumerate(events) if k == "step"]
             since = events[steps[-1] + 1:] if steps else events
             progress = (len(steps), sum(1 for k, _ in since if k == "pp"))
-            # Its log, and the launcher's lines of it (a layout whose logs are elsewhere).
-            said = run.logs.get(r, "") + "".join(
+            # Its log, else the launcher's lines of it (a layout whose logs are elsewhere).
+            said = run.logs.get(r) or "".join(
                 l for l in run.stderr.splitlines(True) if l.startswith(f"rank {r}: "))
             for m in TIMED_OUT.finditer(said):
                 todo = self.todo_of(f"{m.group(1)}:{m.group(2)}")
